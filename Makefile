@@ -1,0 +1,34 @@
+# dsaops: `make` lists the targets. Each area adds its own in <area>/*.mk.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build of torch for the test venv (this machine's pip takes it from local disk).
+TORCH ?= torch==2.13.0
+TEST_REQS := $(sort $(wildcard tests/requirements/*.txt))
+STAMP := $(VENV)/.installed
+export DSAOPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dsaops
+
+.PHONY: help venv test lint
+help: ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@echo "  variables: ARCH=sm_90|sm_121|gfx942  TAG=  REGISTRY=  PUSH=1  INVENTORY=playbooks/inventories/local.yml"
+
+$(STAMP): pyproject.toml $(TEST_REQS)
+	@echo "== creating $(VENV) (torch CPU, the project and its test needs)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[test,exporter,deploy]' $(addprefix -r ,$(TEST_REQS))
+	touch $@
+
+venv: $(STAMP) ## create or refresh the virtual environment (.venv)
+
+test: $(STAMP) ## run the CPU test suite (what CI runs)
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff over the Python code
+	$(VENV)/bin/ruff check .
+
+-include $(sort $(wildcard */*.mk))

@@ -1,0 +1,3 @@
+from dsaops.cli import main
+
+raise SystemExit(main())

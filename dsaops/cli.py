@@ -1,0 +1,46 @@
+"""`dsaops …`: one console script; each subcommand lives in the module that owns it.
+
+Every module below exposes `add_parser(subparsers)` and keeps its top-level imports light
+(stdlib only), so that `dsaops --help` stays fast and works without torch or SGLang.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMAND_MODULES = (
+    "dsaops.targets",
+)
+
+
+class UserError(Exception):
+    """Bad input or a missing prerequisite: printed without a traceback, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dsaops import __version__
+
+    parser = argparse.ArgumentParser(prog="dsaops", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"dsaops {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(name).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dsaops.targets import UnknownTarget
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, UnknownTarget) as e:
+        print(f"dsaops {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""dsaops.healthchecks"""

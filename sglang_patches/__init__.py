@@ -1,0 +1,1 @@
+"""dsaops.sglang_patches"""

@@ -1,0 +1,57 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dsaops import targets
+from dsaops.cli import main
+
+
+def test_table_has_the_three_targets_with_their_budgets():
+    t = targets.table()
+    assert list(t) == ["sm_90", "sm_121", "gfx942"]
+    assert t["sm_121"].smem_per_block_bytes == 101376 and t["sm_121"].platform == "linux/arm64"
+    assert t["gfx942"].fp8_dtype == "float8_e4m3fnuz" and t["sm_90"].fp8_dtype == "float8_e4m3fn"
+    assert t["sm_90"].has("q8_prefill") and not t["sm_121"].has("q8_prefill")
+    assert t["sm_90"].tilelang_target == {"kind": "cuda", "arch": "sm_90a"}
+    assert t["gfx942"].tilelang_target == {"kind": "hip", "mcpu": "gfx942"}
+
+
+def test_compute_capability_maps_back_to_a_target():
+    assert targets.by_compute_capability("12.1").name == "sm_121"
+    assert targets.by_compute_capability("9.0 ").name == "sm_90"
+    assert targets.by_compute_capability("8.0") is None
+
+
+def test_unknown_target_lists_the_valid_ones(capsys):
+    assert main(["targets", "sm_80"]) == 2
+    err = capsys.readouterr().err
+    assert "sm_80" in err and "sm_90, sm_121, gfx942" in err
+
+
+def test_cli_json_and_field(capsys):
+    assert main(["targets", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["sm_90"]["smem_per_block_bytes"] == 232448
+    assert main(["targets", "sm_121", "--field", "platform"]) == 0
+    assert capsys.readouterr().out.strip() == "linux/arm64"
+    assert main(["targets", "sm_121", "--field", "nope"]) == 2
+
+
+def test_console_script_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "dsaops", "targets"], capture_output=True, text=True, check=True).stdout
+    assert "sm_121" in out and "101376" in out
+
+
+@pytest.mark.parametrize("area", ["kernels", "healthchecks", "sglang_patches"])
+def test_project_folders_live_under_dsaops_not_top_level(area):
+    import importlib
+    import pathlib
+
+    mod = importlib.import_module(f"dsaops.{area}")
+    assert pathlib.Path(mod.__file__).parent.name == area
+    # PyPI's `kernels` (an SGLang dependency) stays importable under its own name
+    code = f"import dsaops.{area}, importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)"
+    origin = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True).stdout
+    assert origin.strip() != mod.__file__
