@@ -1,0 +1,61 @@
+"""The pinned SGLang wheel, downloaded once per machine and unpacked once per machine.
+
+Cached under $DSAOPS_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/dsaops): a fresh machine
+fills it, a later run reuses it. The unpacked tree is read-only by convention: a test that
+changes files copies it first (`pristine_copy`).
+"""
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+SGLANG_VERSION = "0.5.23"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("DSAOPS_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsaops")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _locked(name: str):
+    lock = open(cache_dir() / f".{name}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
+
+
+def sglang_wheel() -> Path:
+    """Path of sglang-0.5.23-*.whl (pip download --no-deps on first use)."""
+    wheels = cache_dir() / "wheels"
+    with _locked("wheel"):
+        found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"sglang=={SGLANG_VERSION}",
+                            "-d", str(wheels)], check=True)
+            found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    return found[0]
+
+
+def sglang_source() -> Path:
+    """The folder that holds the pristine `sglang/` package and its dist-info."""
+    root = cache_dir() / f"sglang-{SGLANG_VERSION}"
+    with _locked("unpack"):
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            with zipfile.ZipFile(sglang_wheel()) as whl:
+                whl.extractall(root)
+            (root / ".complete").touch()
+    return root
+
+
+def pristine_copy(dest: Path) -> Path:
+    """A writable copy of the unpacked wheel (sglang/ and its dist-info) under `dest`."""
+    src = sglang_source()
+    for entry in src.iterdir():
+        if entry.name.startswith("sglang"):
+            shutil.copytree(entry, dest / entry.name)
+    return dest
