@@ -27,6 +27,7 @@ class Target:
     smem_per_block_bytes: int
     fp8_dtype: str
     unified_memory: bool
+    reserved_memory_gib: float
     features: tuple[str, ...]
 
     def has(self, feature: str) -> bool:
