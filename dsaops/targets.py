@@ -21,6 +21,8 @@ class Target:
     vendor: str
     platform: str
     base_image: str
+    base_carries_sglang: bool
+    image_python: str
     torch_cuda_arch_list: str
     gpu_arch: str
     compute_capability: str
