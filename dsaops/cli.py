@@ -11,6 +11,9 @@ import sys
 
 SUBCOMMAND_MODULES = (
     "dsaops.targets",
+    "dsaops.plan",
+    "dsaops.verify",
+    "dsaops.sglang_patches.cli",
 )
 
 
