@@ -1,0 +1,132 @@
+"""write_kv_fp8: fused cast and paged write of KV rows into the raw fp8 pool (Triton).
+
+One launch reads the bf16/fp16/fp32 rows, casts them to the pool's fp8 dtype and stores them at
+their slots, where SGLang 0.5.23 on CUDA casts and then scatters in two kernels. A NoPE model
+(GLM-5.3-Flash, qk_rope_head_dim = 0) passes no RoPE tensor. Each program handles BLOCK_M rows, so
+a 65,536-row write is a few thousand programs rather than one per row.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsaops import targets
+
+BLOCK_M = 16
+
+
+def fp8_dtype_for(device: torch.device) -> torch.dtype | None:
+    """The raw-fp8 dtype the targets table gives the GPU at `device`; None where the table has no entry."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        target = targets.table().get(props.gcnArchName.split(":")[0])
+    else:
+        target = targets.by_compute_capability(f"{props.major}.{props.minor}")
+    return getattr(torch, target.fp8_dtype) if target else None
+
+
+def check_pool(pool: torch.Tensor) -> None:
+    """A raw fp8 pool: [slots, 1, d], rows contiguous, in the fp8 dtype of the device's target."""
+    if pool.dim() != 3 or pool.shape[1] != 1 or pool.stride(2) != 1:
+        raise ValueError(f"pool must be [slots, 1, d] with contiguous rows, got shape {tuple(pool.shape)} "
+                         f"strides {pool.stride()}")
+    want = fp8_dtype_for(pool.device)
+    if pool.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz) or (want and pool.dtype != want):
+        expected = want or "float8_e4m3fn or float8_e4m3fnuz"
+        raise ValueError(f"pool dtype is {pool.dtype}; this device stores raw fp8 KV as {expected} "
+                         "(dsaops/targets.toml fp8_dtype)")
+
+
+def check_ids(name: str, ids: torch.Tensor, pool: torch.Tensor) -> None:
+    if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} must be a 1-D int32 or int64 tensor of slot ids, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.device != pool.device:
+        raise ValueError(f"{name} is on {ids.device} but the pool is on {pool.device}; move it to the pool's device")
+
+
+def _rows(name: str, x: torch.Tensor, loc: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """[N, d] or [N, 1, d] (SGLang's shapes) as a [N, d] view with unit column stride."""
+    if x.dim() == 3 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.dim() != 2 or x.shape[0] != loc.shape[0]:
+        raise ValueError(f"{name} must be [{loc.shape[0]}, d] or [{loc.shape[0]}, 1, d] (one row per loc), "
+                         f"got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{name} must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.device != pool.device:
+        raise ValueError(f"{name} is on {x.device} but the pool is on {pool.device}")
+    return x if x.stride(1) == 1 else x.contiguous()
+
+
+@triton.jit
+def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: tl.constexpr, NAN_BITS: tl.constexpr,
+               SIGNED_NAN: tl.constexpr):
+    cols = tl.arange(0, WIDTH_P2)
+    in_row = cols[None, :] < width
+    x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & in_row, other=0.0)
+    x = x.to(tl.float32)
+    y = x.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
+    # Hardware converts NaN to one canonical NaN; torch keeps the sign in e4m3fn (0x7f | sign).
+    # Match torch so the written bytes equal x.to(float8) for every input, NaN included.
+    bits = x.to(tl.uint32, bitcast=True)
+    if SIGNED_NAN:
+        nan = (NAN_BITS | ((bits >> 24) & 0x80)).to(tl.uint8)
+    else:
+        nan = tl.full(y.shape, NAN_BITS, tl.uint8)
+    y = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, nan, y)
+    tl.store(dst_ptr + slot[:, None] + cols[None, :], y.to(dst_ptr.dtype.element_ty, bitcast=True),
+             mask=keep[:, None] & in_row)
+
+
+@triton.jit
+def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_index,
+                         nope_ptr, nope_stride, d_nope, rope_ptr, rope_stride, d_rope,
+                         HAS_SKIP: tl.constexpr, HAS_ROPE: tl.constexpr, NOPE_P2: tl.constexpr, ROPE_P2: tl.constexpr,
+                         NAN_BITS: tl.constexpr, SIGNED_NAN: tl.constexpr, BLOCK_M: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    keep = rows < n_rows
+    loc = tl.load(loc_ptr + rows, mask=keep, other=0).to(tl.int64)
+    # A loc outside [0, n_slots) is dropped: the kernel never writes outside the pool.
+    keep = keep & (loc >= 0) & (loc < n_slots)
+    if HAS_SKIP:
+        keep = keep & (loc != skip_index)
+    slot = loc * pool_stride
+    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, NOPE_P2, NAN_BITS, SIGNED_NAN)
+    if HAS_ROPE:
+        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, ROPE_P2, NAN_BITS, SIGNED_NAN)
+
+
+def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
+    """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype) for every i with loc[i] != skip_index; returns pool.
+
+    pool [slots, 1, d] fp8 (float8_e4m3fn; float8_e4m3fnuz on gfx942), written in place; loc [N] int32/int64
+    slot ids, distinct among the written rows and in [0, slots) (not checked here: that would cost a host
+    sync; a loc outside the pool is dropped, never written out of bounds; `dsaops.kernels.reference.write_kv_fp8`
+    checks them); k_nope [N, d_nope] or [N, 1, d_nope] in
+    bf16/fp16/fp32; k_rope likewise or None for NoPE, with d_nope + d_rope == d. Rows not named by loc,
+    and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
+    """
+    check_pool(pool)
+    check_ids("loc", loc, pool)
+    nope = _rows("k_nope", k_nope, loc, pool)
+    rope = None if k_rope is None else _rows("k_rope", k_rope, loc, pool)
+    d_rope = 0 if rope is None else rope.shape[1]
+    if nope.shape[1] + d_rope != pool.shape[2]:
+        raise ValueError(f"k_nope ({nope.shape[1]}) + k_rope ({d_rope}) columns must equal the pool row width "
+                         f"({pool.shape[2]})")
+    n = loc.shape[0]
+    if n == 0:
+        return pool
+    fnuz = pool.dtype == torch.float8_e4m3fnuz
+    _write_kv_fp8_kernel[(triton.cdiv(n, BLOCK_M),)](
+        pool, pool.stride(0), pool.shape[0], loc, n, 0 if skip_index is None else int(skip_index),
+        nope, nope.stride(0), nope.shape[1], nope if rope is None else rope, 0 if rope is None else rope.stride(0),
+        d_rope,
+        HAS_SKIP=skip_index is not None, HAS_ROPE=rope is not None,
+        NOPE_P2=triton.next_power_of_2(nope.shape[1]), ROPE_P2=triton.next_power_of_2(max(d_rope, 1)),
+        NAN_BITS=0x80 if fnuz else 0x7F, SIGNED_NAN=not fnuz, BLOCK_M=BLOCK_M,
+    )
+    return pool
