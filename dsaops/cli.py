@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "dsaops.plan",
     "dsaops.verify",
     "dsaops.sglang_patches.cli",
+    "dsaops.healthchecks.cli",
 )
 
 
