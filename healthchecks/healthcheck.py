@@ -1,0 +1,58 @@
+"""`dsaops healthcheck`: the container HEALTHCHECK. Exit 0 when healthy, 1 otherwise, within 5 s.
+
+SGLang's /health generates one token and may wait 20 s before answering 503, and on a
+worker node it is a dummy that always answers 200: so the check has its own short timeout
+and, with --expect-ranks, also counts the scheduler processes on this node.
+"""
+from __future__ import annotations
+
+import sys
+import urllib.error
+import urllib.request
+
+
+def live_ranks() -> list[str]:
+    import psutil
+    from dsaops.healthchecks.processes import COMM_PREFIX, rank_of_title
+
+    ranks = []
+    for p in psutil.process_iter(["name", "status", "cmdline"]):
+        if (p.info["name"] or "").startswith(COMM_PREFIX) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            rank = rank_of_title(" ".join(p.info["cmdline"] or []))
+            if rank is not None:
+                ranks.append(rank)
+    return sorted(ranks)
+
+
+def check(server_url: str, expect_ranks: int | None, timeout: float) -> list[str]:
+    """The problems found; empty when healthy."""
+    problems = []
+    url = server_url.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            if r.status != 200:
+                problems.append(f"{url} answered {r.status}")
+    except urllib.error.HTTPError as e:
+        problems.append(f"{url} answered {e.code}")
+    except OSError as e:  # refused, timed out
+        problems.append(f"{url}: {getattr(e, 'reason', e)}")
+    if expect_ranks is not None:
+        ranks = live_ranks()
+        if len(ranks) < expect_ranks:
+            problems.append(f"{len(ranks)} of {expect_ranks} scheduler ranks alive on this node ({', '.join(ranks) or 'none'})")
+    return problems
+
+
+def run(args) -> int:
+    from dsaops.cli import UserError
+
+    if args.expect_ranks is not None and args.expect_ranks < 1:
+        raise UserError("--expect-ranks must be at least 1 (the scheduler ranks this node runs)")
+    if not 0 < args.timeout <= 4:
+        raise UserError("--timeout must be in (0, 4] seconds: a HEALTHCHECK answer is due within 5 s")
+    problems = check(args.server_url, args.expect_ranks, args.timeout)
+    for p in problems:
+        print(f"unhealthy: {p}", file=sys.stderr)
+    if not problems:
+        print("healthy")
+    return 1 if problems else 0

@@ -1,0 +1,140 @@
+"""SGLang 0.5.23 server log lines -> what they teach about the server.
+
+Every pattern below is built from a format string in the pinned wheel (the contract test
+finds each `FORMAT_STRINGS` entry there): a bump that rewords one fails that test loudly.
+The prefix is `configure_logger`'s `[%Y-%m-%d %H:%M:%S(.mmm) DP<d> TP<t> EP<e>] `; the rank
+parts appear only as configured, and the launcher's own lines carry none.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+GIB = 1 << 30  # SGLang's "GB" (memory_pool.py: GB = 1024 * 1024 * 1024)
+
+# Literal pieces of the wheel's format strings, by the file that holds them.
+FORMAT_STRINGS = {
+    "srt/utils/common.py": ['format = f"[%(asctime)s{maybe_ms}{prefix}] %(message)s"', 'datefmt="%Y-%m-%d %H:%M:%S"'],
+    "srt/mem_cache/memory_pool.py": ["is allocated'}. dtype: {self.dtype}, ", '#tokens: {num_tokens}, KV size: {kv_size_GB:.2f} GB"',
+                                     'f"Mamba Cache is allocated. "', 'f"max_mamba_cache_size: {size}, "'],
+    "srt/mem_cache/kv_cache_configurator.py": ['"max_running_requests is capped to %d by the mamba state "',
+                                               '"cache (max_mamba_cache_size=%d, %d state slots per "',
+                                               '"max_running_requests was reduced from the requested %d to %d "',
+                                               '"(per dp worker) due to the available KV cache capacity."'],
+    "srt/utils/watchdog.py": ['f"Subprocess {name} (pid={proc.pid}) crashed "', 'f"with exit code {proc.exitcode}. "'],
+    "srt/entrypoints/engine.py": ['f"Scheduler or DataParallelController {proc.pid} "', 'f"terminated with {proc.exitcode}"',
+                                 'f"SIGTERM received on node_rank {get_parallel().node_rank}; "'],
+    "srt/managers/tokenizer_manager.py": ['f"SIGTERM received. {signum=} {frame=}. Draining requests and shutting down..."',
+                                          'f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed."'],
+    "srt/entrypoints/http_server.py": ['f"Health check failed. Server couldn\'t get a response from detokenizer for last "'],
+    "srt/managers/scheduler.py": ['prefix += f" DP{shown_dp}"', 'prefix += f" TP{shown_tp}"',
+                                  'setproctitle.setproctitle(f"sglang::scheduler{prefix.replace(\' \', \'_\')}")'],
+}
+
+_KEYWORDS = re.compile(r"is allocated|max_running_requests|crashed with|terminated with|SIG(?:TERM|QUIT) received|"
+                       r"Health check failed")
+_PREFIX = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{3})?((?: [A-Z_]+\d+)*)\] (.*)$")
+_KV_ALLOC = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), KV size: ([\d.]+) GB")
+_KV_ALLOC_KV = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB")
+_MAMBA_ALLOC = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+),")
+_MAMBA_CAP = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache "
+                        r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)")
+_REDUCED = re.compile(r"max_running_requests was reduced from the requested (\d+) to (\d+) \(per dp worker\)")
+_CRASHED = re.compile(r"Subprocess (\S+) \(pid=(\d+)\) crashed with exit code (-?\d+)\.")
+_TERMINATED = re.compile(r"Scheduler or DataParallelController (\d+) terminated with (-?\d+)")
+_SIGTERM = re.compile(r"SIGTERM received")
+_SIGQUIT = re.compile(r"SIGQUIT received\.")
+_HEALTH_FAILED = re.compile(r"Health check failed\.")
+
+# Exit codes as multiprocessing reports them (-N: killed by signal N) -> the `cause` label.
+_SIGNAL_CAUSES = {9: "sigkill", 11: "sigsegv", 6: "sigabrt", 7: "sigbus"}
+CAUSES = ("sigkill", "sigsegv", "sigabrt", "sigbus", "signal", "exit_code", "oom_kill", "unknown")
+
+
+def cause_of_exit_code(code: int) -> str:
+    """A bounded label for an exit code: the common fatal signals by name, else its kind."""
+    if code < 0:
+        return _SIGNAL_CAUSES.get(-code, "signal")
+    return "exit_code"
+
+
+def rank_label(parts: list[str]) -> str:
+    """`['DP3', 'TP3', 'EP3']` -> `DP3_TP3_EP3`; no parts (one rank, no DP) -> `TP0`,
+    the same spelling the process title gives (`sglang::scheduler_DP3_TP3_EP3`)."""
+    return "_".join(parts) if parts else "TP0"
+
+
+@dataclass
+class LogState:
+    """What the log has taught so far; written by the follower thread, read at scrape time."""
+
+    max_crash_records: int = 4096
+    kv: dict = field(default_factory=dict)              # rank -> (dtype, tokens, bytes)
+    mamba_slots: dict = field(default_factory=dict)     # rank -> max_mamba_cache_size
+    mamba_cap: dict = field(default_factory=dict)       # rank -> (cap, max_mamba_cache_size, slots per request)
+    reduced: dict = field(default_factory=dict)         # rank -> (requested per dp, effective)
+    exits: OrderedDict = field(default_factory=OrderedDict)  # pid -> (exit code, line time, crashed?)
+    shutdowns: list = field(default_factory=list)       # line times of clean-stop lines (last few)
+    events: dict = field(default_factory=lambda: {"sigquit": 0, "health_check_failed": 0, "sigterm": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def feed(self, line: str) -> None:
+        """Apply one line. Most lines teach nothing: one keyword scan rejects them cheaply."""
+        if not _KEYWORDS.search(line):
+            return
+        m = _PREFIX.match(line)
+        if not m:  # a traceback, uvicorn's access log, …
+            return
+        stamp, parts, msg = m.groups()
+        when = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()  # local time, as SGLang writes it
+        rank = rank_label(parts.split())
+        with self.lock:
+            self._apply(rank, when, msg)
+
+    def _apply(self, rank: str, when: float, msg: str) -> None:
+        if "is allocated" in msg:  # the unlabelled pool only: "SWA KV Cache …" and friends are side pools
+            if m := _KV_ALLOC.match(msg):
+                self.kv[rank] = (m[1], int(m[2]), float(m[3]) * GIB)
+            elif m := _KV_ALLOC_KV.match(msg):
+                self.kv[rank] = (m[1], int(m[2]), (float(m[3]) + float(m[4])) * GIB)
+            elif m := _MAMBA_ALLOC.match(msg):
+                self.mamba_slots[rank] = int(m[1])
+        elif m := _MAMBA_CAP.search(msg):
+            self.mamba_cap[rank] = (int(m[1]), int(m[2]), int(m[3]))
+        elif m := _REDUCED.search(msg):
+            self.reduced[rank] = (int(m[1]), int(m[2]))
+        elif m := _CRASHED.search(msg):
+            self._exit(int(m[2]), int(m[3]), when, crashed=True)
+        elif m := _TERMINATED.search(msg):
+            self._exit(int(m[1]), int(m[2]), when, crashed=False)
+        elif _SIGTERM.search(msg):
+            self.events["sigterm"] += 1
+            self.shutdowns = self.shutdowns[-7:] + [when]
+        elif _SIGQUIT.search(msg):
+            self.events["sigquit"] += 1
+        elif _HEALTH_FAILED.search(msg):
+            self.events["health_check_failed"] += 1
+
+    def _exit(self, pid: int, code: int, when: float, crashed: bool) -> None:
+        if crashed or pid not in self.exits:  # the watchdog's "crashed" outranks a later join report
+            self.exits[pid] = (code, when, crashed)
+            self.exits.move_to_end(pid)
+        while len(self.exits) > self.max_crash_records:
+            self.exits.popitem(last=False)
+
+    def exit_of(self, pid: int, since: float) -> tuple[int, bool] | None:
+        """(exit code, crashed?) the log reported for `pid`, from a line no older than `since`
+        (the process's start, so a reused pid does not inherit an old line)."""
+        with self.lock:
+            rec = self.exits.get(pid)
+        if rec and rec[1] >= since:
+            return rec[0], rec[2]
+        return None
+
+    def clean_stop_since(self, since: float) -> bool:
+        """A clean-stop line (`SIGTERM received…`) written after `since`."""
+        with self.lock:
+            return any(t >= since for t in self.shutdowns)
