@@ -6,7 +6,7 @@ import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-ERROR_SOURCES = ("server_info", "log", "processes", "kmsg", "cgroup", "hostmem", "docker", "plan")
+ERROR_SOURCES = ("server_info", "log", "processes", "kmsg", "cgroup", "hostmem", "docker")
 
 
 class Families:

@@ -77,12 +77,14 @@ class ServerInfoPoller:
 
 
 def kv_layout(dtype: str, prefill: str | None, decode: str | None) -> str:
-    """bf16 | raw_fp8 | scaled_fp8, as kv_cache_configurator.py picks the DSA row format:
+    """bf16 | raw_fp8 | scaled_fp8 (or other | unknown), as kv_cache_configurator.py picks the DSA row format:
     TileLang (and, on ROCm, Triton/AITER) kernels read raw fp8 rows; other fp8 backends
     read rows with per-block scales. flashmla_sparse_q8 prefill over the raw pool is the
     pairing the dsaops patches accept."""
-    if "fp8" not in dtype:
+    if "fp8" not in dtype and "float8" not in dtype:
         return "bf16" if ("bf16" in dtype or "bfloat16" in dtype) else "other"
+    if prefill is None and decode is None:  # no /server_info (a worker node): the backends are unknown
+        return "unknown"
     if "fnuz" in dtype:
         return "raw_fp8" if {prefill, decode} & {"tilelang", "triton", "aiter"} else "scaled_fp8"
     return "raw_fp8" if decode == "tilelang" and prefill in ("tilelang", "flashmla_sparse_q8") else "scaled_fp8"
