@@ -1,0 +1,79 @@
+"""From free GPU memory to the mamba state pool and the KV pool of one rank.
+
+SGLang 0.5.23 sizes both after the weights are loaded (srt/mem_cache/kv_cache_configurator.py
+`KVCacheConfigurator._profile_available_bytes` -> `_handle_max_mamba_cache` -> the pool
+configurator's `calculate_pool_sizes`); this replays that arithmetic ahead of launch.
+Sizes in GiB are floats (SGLang's "GB" is GiB), byte counts are ints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1 << 30
+MAMBA_FULL_MEMORY_RATIO = 0.9        # fields/schedule.py mamba_full_memory_ratio fallback
+VLM_CACHE_MB = 100                   # environ.py SGLANG_VLM_CACHE_SIZE_MB default
+
+
+class NotEnoughMemory(ValueError):
+    """SGLang would refuse to start: the message carries its advice."""
+
+
+def rest_memory_gib(*, pre_load_free_gib: float, free_after_weights_gib: float, mem_fraction_static: float,
+                    multimodal: bool) -> float:
+    """_profile_available_bytes: free memory after weights, less the runtime slack
+    pre_model_load_memory * (1 - mem_fraction_static) and the multimodal reservation
+    (mm_runtime_reservation_gb; CPU feature transport keeps only the VLM cache).
+    MLA models never take the post-capture sizing path (post_capture_kv_sizing_planned)."""
+    slack = pre_load_free_gib * (1 - mem_fraction_static)
+    mm = VLM_CACHE_MB / 1024 if multimodal else 0.0
+    return free_after_weights_gib - slack - mm
+
+
+@dataclass(frozen=True)
+class MambaPool:
+    slots_per_dp: int            # max_mamba_cache_size as each DP rank's scheduler sees it
+    bytes: int                   # (slots + 1 padding slot) * bytes per slot + spec scratch
+    source: str                  # auto | --max-mamba-cache-size | --max-running-requests
+
+
+def mamba_pool(rest_gib: float, *, slot_bytes: int, attn_dp_size: int, slots_per_request: int,
+               max_mamba_cache_size: int | None, max_running_requests: int | None,
+               disable_radix_cache: bool, full_memory_ratio: float, draft_tokens: int | None) -> MambaPool:
+    """_handle_max_mamba_cache (no PP, no ReplaySSM, no fused draft state)."""
+    spec_bytes = 0
+    per_dp_requests = max(1, max_running_requests // attn_dp_size) if max_running_requests else None
+    if draft_tokens and not per_dp_requests:
+        raise NotEnoughMemory("speculative decoding sizes its mamba scratch from --max-running-requests: set it")
+    if max_mamba_cache_size is not None:
+        slots, source = max_mamba_cache_size // attn_dp_size, "--max-mamba-cache-size"
+        if draft_tokens:
+            capped = min(per_dp_requests, slots // slots_per_request)
+            spec_bytes = slot_bytes * (capped + 1) * draft_tokens
+    elif disable_radix_cache and max_running_requests is not None:
+        slots, source = per_dp_requests, "--max-running-requests"
+        if draft_tokens:
+            spec_bytes = slot_bytes * (slots + 1) * draft_tokens
+    else:
+        source = "auto"
+        budget = rest_gib * full_memory_ratio / (1 + full_memory_ratio) * GIB
+        if draft_tokens:  # joint solve of the states and their per-draft-token intermediates
+            slots = int((budget - slot_bytes * (1 + draft_tokens)) // (slot_bytes * (1 + draft_tokens / slots_per_request)))
+            capped = min(per_dp_requests, slots // slots_per_request)
+            spec_bytes = slot_bytes * (capped + 1) * draft_tokens
+        else:
+            slots = int((budget - slot_bytes) // slot_bytes)
+    if slots <= 0:
+        raise NotEnoughMemory(
+            f"not enough GPU memory for the mamba state cache (max_mamba_cache_size={slots}, "
+            f"{slot_bytes / (1 << 20):.2f} MB per slot): reduce --max-running-requests, raise "
+            "--mem-fraction-static, reduce --speculative-num-draft-tokens or use GPUs with more memory")
+    return MambaPool(slots, (slots + 1) * slot_bytes + spec_bytes, source)
+
+
+def kv_pool_tokens(kv_bytes: float, *, cell_bytes: int, page_tokens: int) -> int:
+    """DefaultPoolConfigurator.calculate_pool_sizes: whole pages of available // cell_size."""
+    tokens = int(kv_bytes) // cell_bytes // page_tokens * page_tokens
+    if tokens <= 0:
+        raise NotEnoughMemory("not enough memory for the KV cache: raise --mem-fraction-static "
+                              "(SGLang: 'Not enough memory. Please try to increase --mem-fraction-static.')")
+    return tokens

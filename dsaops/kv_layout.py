@@ -1,0 +1,80 @@
+"""Which KV layout the DSA backends imply, and which pairings SGLang refuses at startup.
+
+Follows SGLang 0.5.23 srt/arg_groups/overrides.py (`_dsa_split_backend_resolution`,
+`_check_dsa_backend_constraints`) and srt/mem_cache/kv_cache_configurator.py
+(`calculate_mla_kv_cache_dim`), plus the one pairing the dsaops patch series adds:
+flashmla_sparse_q8 prefill with tilelang decode over the raw fp8 pool (SM90 only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# _check_dsa_backend_constraints: the refusal for fp8 KV with tilelang on one side only.
+# tests/plan checks this text against the pinned source; `dsaops verify boot-gate` expects it.
+MIXED_TILELANG_REFUSAL = ("CUDA TileLang FP8 KV requires both DSA backends to be tilelang; "
+                          "raw and scaled FP8 KV layouts cannot be mixed.")
+ROCM_ONLY_REFUSAL = ("The triton DSA backend is only supported on ROCm/HIP. Pick an alternative DSA backend for CUDA "
+                     "(flashmla_kv on Hopper, trtllm on Blackwell).")
+Q8_PREFILL = "flashmla_sparse_q8"
+_HIP_RAW_BACKENDS = ("tilelang", "triton", "aiter")
+
+
+class BackendRefused(ValueError):
+    """SGLang (or the patched image) would refuse this combination at startup."""
+
+
+@dataclass(frozen=True)
+class Backends:
+    prefill: str
+    decode: str
+    defaulted: bool          # SGLang picked them (no --dsa-*-backend given)
+
+
+def normalize_kv_dtype(kv_cache_dtype: str) -> str:
+    """bf16 | fp8_e4m3 (overrides.py accepts bf16/bfloat16 and fp8_e4m3 for DSA)."""
+    if kv_cache_dtype in ("bf16", "bfloat16"):
+        return "bf16"
+    if kv_cache_dtype == "fp8_e4m3":
+        return kv_cache_dtype
+    raise ValueError(f"DSA models take --kv-cache-dtype bf16 or fp8_e4m3, not {kv_cache_dtype!r}")
+
+
+def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, hip: bool, sm_major: int) -> Backends:
+    """_dsa_split_backend_resolution's defaults for the sides the user left unset."""
+    if hip:
+        default_prefill = default_decode = "triton"
+    elif kv_dtype == "fp8_e4m3":
+        default_prefill = default_decode = "trtllm" if sm_major >= 10 else "flashmla_kv"
+    else:
+        default_prefill, default_decode = "flashmla_sparse", ("trtllm" if sm_major >= 10 else "fa3")
+    return Backends(prefill or default_prefill, decode or default_decode, defaulted=not (prefill and decode))
+
+
+def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool) -> None:
+    """_check_dsa_backend_constraints, with the dsaops q8 pairing admitted where the target has it."""
+    chosen = {b.prefill, b.decode}
+    if Q8_PREFILL in chosen and (b.prefill != Q8_PREFILL or not q8_prefill):
+        where = "as the prefill backend" if b.prefill == Q8_PREFILL else "as a prefill backend only"
+        raise BackendRefused(f"{Q8_PREFILL} runs on SM90 targets only, {where} (targets with the q8_prefill feature)")
+    if not hip and "triton" in chosen:
+        raise BackendRefused(ROCM_ONLY_REFUSAL)
+    if hip or kv_dtype != "fp8_e4m3" or "tilelang" not in chosen:
+        return
+    if (b.prefill, b.decode) == (Q8_PREFILL, "tilelang"):
+        return  # the patched image serves q8 prefill over the raw tilelang pool
+    if b.prefill != "tilelang" or b.decode != "tilelang":
+        raise BackendRefused(MIXED_TILELANG_REFUSAL)
+
+
+def kv_layout(kv_dtype: str, b: Backends, *, hip: bool) -> str:
+    """calculate_mla_kv_cache_dim: bf16 | raw_fp8 (512 B NoPE rows) | scaled_fp8 (+ per-128 scales)."""
+    if kv_dtype == "bf16":
+        return "bf16"
+    chosen = {b.prefill, b.decode}
+    if "trtllm" in chosen:
+        return "raw_fp8"
+    if hip and chosen & set(_HIP_RAW_BACKENDS):
+        return "raw_fp8"
+    if b.decode == "tilelang" and b.prefill in ("tilelang", Q8_PREFILL):
+        return "raw_fp8"
+    return "scaled_fp8"

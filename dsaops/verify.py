@@ -1,0 +1,162 @@
+"""`dsaops verify`: after a deploy, check that the server answers right; `verify boot-gate`:
+check that a wrong fp8 launch is refused.
+
+`dsaops verify --server-url URL [--reference FILE | --record FILE] [--niah-depths ...] [--json]`
+runs the probes of dsaops.verify_probes (progress on stderr, a table or JSON on stdout) and
+exits 1 when any probe fails, times out or errors. `dsaops verify boot-gate --image IMAGE`
+(or `--command "..."`) runs dsaops.boot_gate.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verify", help="acceptance probes against a server; `verify boot-gate` for the fp8 refusal",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--server-url", help="e.g. http://HEAD:30000 (any OpenAI-compatible endpoint)")
+    p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")
+    ref = p.add_mutually_exclusive_group()
+    ref.add_argument("--reference", help="compare answers with this recorded reference (JSON)")
+    ref.add_argument("--record", help="write this run's answers as a reference (JSON)")
+    p.add_argument("--niah-depths", default=DEFAULT_NIAH_DEPTHS,
+                   help=f"needle depths in approximate tokens, comma-separated; '' for none (default {DEFAULT_NIAH_DEPTHS})")
+    p.add_argument("--max-tokens", type=int, default=2048, help="per answer (reasoning models think first)")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per answer probe")
+    p.add_argument("--niah-timeout-per-ktok", type=float, default=4.0,
+                   help="needle probes get --timeout plus this many seconds per 1000 tokens of depth")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.set_defaults(func=run)
+    gate_sub = p.add_subparsers(dest="verify_command", metavar="boot-gate")
+    g = gate_sub.add_parser("boot-gate", help="a launch with fp8 KV, tilelang prefill and flashmla_sparse decode "
+                            "must be refused at startup")
+    how = g.add_mutually_exclusive_group(required=True)
+    how.add_argument("--image", help="docker run this image with the gate flags (needs a GPU host)")
+    how.add_argument("--command", help="any launch command (a shell string) that should be refused")
+    g.add_argument("--model-path", default="zai-org/GLM-5.3-Flash", help="with --image: the model to launch")
+    g.add_argument("--docker-arg", action="append", default=[], help="with --image: extra `docker run` argument "
+                   "(repeat), e.g. --docker-arg=-v --docker-arg=/models:/models")
+    g.add_argument("--sglang-arg", action="append", default=[], help="with --image: extra launch_server argument")
+    g.add_argument("--timeout", type=float, default=600.0, help="seconds the refusal may take (model config download, imports)")
+    g.add_argument("--expect", default=None, help="the refusal text to look for (default: SGLang's)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=run_boot_gate)
+
+
+def run(args) -> int:
+    from dsaops import verify_probes as vp
+    from dsaops.cli import UserError
+
+    if not args.server_url:
+        raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
+    depths = _depths(args.niah_depths)
+    reference = _read_reference(args.reference) if args.reference else None
+    progress = vp.stderr_progress
+    results: list[vp.ProbeResult] = []
+    try:
+        model = args.model or vp.server_model(args.server_url, timeout=min(args.timeout, 30))
+    except vp.ProbeError as e:
+        results.append(vp.ProbeResult("server", "server", e.status, f"/v1/models: {e.detail}", 0.0))
+        return _report(args, None, results)
+    total = len(vp.PROMPTS) + len(depths) * len(vp.NIAH_POSITIONS)
+    step = 0
+    for probe_id, prompt, expected in vp.PROMPTS:
+        step += 1
+        progress(f"[{step}/{total}] answer {probe_id}")
+        results.append(vp.answer_probe(args.server_url, model, probe_id, prompt, expected, reference=reference,
+                                       max_tokens=args.max_tokens, timeout=args.timeout, progress=progress))
+        _progress_done(progress, results[-1])
+    for depth in depths:
+        for position in vp.NIAH_POSITIONS:
+            step += 1
+            timeout = args.timeout + depth / 1000 * args.niah_timeout_per_ktok
+            progress(f"[{step}/{total}] needle at {position} of ~{depth} tokens (timeout {timeout:.0f} s)")
+            results.append(vp.niah_probe(args.server_url, model, depth, position, max_tokens=args.max_tokens,
+                                         timeout=timeout, progress=progress))
+            _progress_done(progress, results[-1])
+    if args.record:
+        _write_reference(args.record, args.server_url, model, results)
+        progress(f"reference written to {args.record}")
+    return _report(args, model, results)
+
+
+def _progress_done(progress, r) -> None:
+    progress(f"    {r.status.upper()} in {r.seconds:.1f} s: {r.detail}")
+
+
+def _report(args, model, results) -> int:
+    from dsaops import verify_probes as vp
+
+    passed = all(r.status == "pass" for r in results)
+    if args.json:
+        print(json.dumps({"server_url": args.server_url, "model": model, "passed": passed,
+                          "probes": vp.as_dicts(results)}, indent=2, ensure_ascii=False))
+    else:
+        print(vp.summary_table(results))
+    return 0 if passed else 1
+
+
+def _depths(text: str) -> list[int]:
+    from dsaops.cli import UserError
+
+    try:
+        depths = [int(d) for d in text.replace(" ", "").split(",") if d]
+    except ValueError:
+        raise UserError(f"--niah-depths takes comma-separated token counts, e.g. {DEFAULT_NIAH_DEPTHS}; "
+                        f"got {text!r}") from None
+    if any(d < 64 for d in depths):
+        raise UserError("each --niah-depths value must be at least 64 tokens")
+    return depths
+
+
+def _read_reference(path: str) -> dict:
+    from dsaops.cli import UserError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f)["answers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read the reference {path} ({e}); record one with --record FILE") from None
+
+
+def _write_reference(path: str, server_url: str, model: str, results) -> None:
+    answers = {r.name: r.answer for r in results if r.kind == "answer" and r.answer is not None}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"server_url": server_url, "model": model, "answers": answers}, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def run_boot_gate(args) -> int:
+    import os
+    import subprocess
+
+    from dsaops import boot_gate
+    from dsaops.cli import UserError
+
+    cleanup = None
+    if args.image:
+        name = f"dsaops-boot-gate-{os.getpid()}"
+        command = boot_gate.docker_command(args.image, model_path=args.model_path, name=name,
+                                           docker_args=args.docker_arg, sglang_args=args.sglang_arg)
+
+        def cleanup():
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
+    else:
+        if not args.command.strip():
+            raise UserError("--command is empty: give the launch command that should be refused")
+        command = args.command
+    print(f"boot gate: {boot_gate.describe(command)}", file=sys.stderr, flush=True)
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    result = boot_gate.run_gate(command, timeout=args.timeout, progress=progress, cleanup=cleanup,
+                                expect=args.expect or boot_gate.MIXED_TILELANG_REFUSAL)
+    if args.json:
+        print(json.dumps({"passed": result.passed, "detail": result.detail, "seconds": result.seconds,
+                          "exit_code": result.exit_code, "tail": result.tail}, indent=2))
+    else:
+        print(f"boot gate {'PASS' if result.passed else 'FAIL'}: {result.detail} ({result.seconds:.1f} s)")
+        if not result.passed and result.tail:
+            print("last lines:\n  " + "\n  ".join(result.tail[-8:]))
+    return 0 if result.passed else 1
