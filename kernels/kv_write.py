@@ -7,6 +7,8 @@ a 65,536-row write is a few thousand programs rather than one per row.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -16,6 +18,7 @@ from dsaops import targets
 BLOCK_M = 16
 
 
+@functools.cache
 def fp8_dtype_for(device: torch.device) -> torch.dtype | None:
     """The raw-fp8 dtype the targets table gives the GPU at `device`; None where the table has no entry."""
     if device.type != "cuda":
@@ -61,22 +64,31 @@ def _rows(name: str, x: torch.Tensor, loc: torch.Tensor, pool: torch.Tensor) -> 
     return x if x.stride(1) == 1 else x.contiguous()
 
 
+# How torch's cast (the definition the written bytes must equal) treats magnitudes it cannot represent:
+# dtype -> (float32 magnitude bits from which the special byte is written, byte for finite overflow,
+# byte for NaN, whether the sign bit is kept). e4m3fn saturates at 480 (after rounding 448) and keeps the
+# sign of its NaN; e4m3fnuz has one NaN, 0x80, for every value from 248 (rounds past 240) and NaN.
+# Hardware conversions differ here (canonical NaN, saturation on ROCm), so the kernel writes these itself.
+SPECIAL_BYTES = {
+    torch.float8_e4m3fn: (0x43F00000, 0x7E, 0x7F, True),
+    torch.float8_e4m3fnuz: (0x43780000, 0x80, 0x80, False),
+}
+
+
 @triton.jit
-def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: tl.constexpr, NAN_BITS: tl.constexpr,
-               SIGNED_NAN: tl.constexpr):
+def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: tl.constexpr,
+               OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr, SIGNED: tl.constexpr):
     cols = tl.arange(0, WIDTH_P2)
     in_row = cols[None, :] < width
     x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & in_row, other=0.0)
     x = x.to(tl.float32)
     y = x.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
-    # Hardware converts NaN to one canonical NaN; torch keeps the sign in e4m3fn (0x7f | sign).
-    # Match torch so the written bytes equal x.to(float8) for every input, NaN included.
     bits = x.to(tl.uint32, bitcast=True)
-    if SIGNED_NAN:
-        nan = (NAN_BITS | ((bits >> 24) & 0x80)).to(tl.uint8)
-    else:
-        nan = tl.full(y.shape, NAN_BITS, tl.uint8)
-    y = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, nan, y)
+    magnitude = bits & 0x7FFFFFFF
+    special = tl.where(magnitude > 0x7F800000, NAN_BYTE, OVER_BYTE).to(tl.uint8)
+    if SIGNED:
+        special = special | ((bits >> 24) & 0x80).to(tl.uint8)
+    y = tl.where(magnitude >= OVER_BITS, special, y)
     tl.store(dst_ptr + slot[:, None] + cols[None, :], y.to(dst_ptr.dtype.element_ty, bitcast=True),
              mask=keep[:, None] & in_row)
 
@@ -85,7 +97,8 @@ def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: 
 def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_index,
                          nope_ptr, nope_stride, d_nope, rope_ptr, rope_stride, d_rope,
                          HAS_SKIP: tl.constexpr, HAS_ROPE: tl.constexpr, NOPE_P2: tl.constexpr, ROPE_P2: tl.constexpr,
-                         NAN_BITS: tl.constexpr, SIGNED_NAN: tl.constexpr, BLOCK_M: tl.constexpr):
+                         OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr,
+                         SIGNED: tl.constexpr, BLOCK_M: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     keep = rows < n_rows
     loc = tl.load(loc_ptr + rows, mask=keep, other=0).to(tl.int64)
@@ -94,9 +107,11 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
     if HAS_SKIP:
         keep = keep & (loc != skip_index)
     slot = loc * pool_stride
-    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, NOPE_P2, NAN_BITS, SIGNED_NAN)
+    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, NOPE_P2,
+               OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
     if HAS_ROPE:
-        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, ROPE_P2, NAN_BITS, SIGNED_NAN)
+        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, ROPE_P2,
+                   OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
 
 
 def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
@@ -120,13 +135,13 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     n = loc.shape[0]
     if n == 0:
         return pool
-    fnuz = pool.dtype == torch.float8_e4m3fnuz
+    over_bits, over_byte, nan_byte, signed = SPECIAL_BYTES[pool.dtype]
     _write_kv_fp8_kernel[(triton.cdiv(n, BLOCK_M),)](
         pool, pool.stride(0), pool.shape[0], loc, n, 0 if skip_index is None else int(skip_index),
         nope, nope.stride(0), nope.shape[1], nope if rope is None else rope, 0 if rope is None else rope.stride(0),
         d_rope,
         HAS_SKIP=skip_index is not None, HAS_ROPE=rope is not None,
         NOPE_P2=triton.next_power_of_2(nope.shape[1]), ROPE_P2=triton.next_power_of_2(max(d_rope, 1)),
-        NAN_BITS=0x80 if fnuz else 0x7F, SIGNED_NAN=not fnuz, BLOCK_M=BLOCK_M,
+        OVER_BITS=over_bits, OVER_BYTE=over_byte, NAN_BYTE=nan_byte, SIGNED=signed, BLOCK_M=BLOCK_M,
     )
     return pool

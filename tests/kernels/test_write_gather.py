@@ -133,8 +133,25 @@ def test_fp8_dtype_comes_from_the_targets_table(monkeypatch):
                             ("sm_80", None, None)]:
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, p=props[name]: p)
         monkeypatch.setattr(torch.version, "hip", hip)
-        assert kv_write.fp8_dtype_for(cuda) == want, name
+        assert kv_write.fp8_dtype_for.__wrapped__(cuda) == want, name  # uncached: each fake device is cuda:0
     assert kv_write.fp8_dtype_for(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_special_bytes_are_torchs(dtype):
+    """The bytes the writer forces for overflow and NaN are what torch's cast gives, for every bf16 value
+    (checked for e4m3fnuz here too, which the interpreter cannot run)."""
+    x = every_bf16().flatten().float()
+    over_bits, over_byte, nan_byte, signed = kv_write.SPECIAL_BYTES[dtype]
+    magnitude = x.view(torch.int32) & 0x7FFFFFFF
+    special = magnitude >= over_bits
+    want = torch.where(magnitude > 0x7F800000, nan_byte, over_byte)
+    if signed:
+        want = want | (x.view(torch.int32) < 0).int() * 0x80
+    got = x.to(dtype).view(torch.uint8).int()
+    assert torch.equal(got[special], want[special])
+    # below the threshold torch writes a finite value: the threshold is not set too high
+    assert x[~special].to(dtype).float().isfinite().all()
 
 
 def test_pool_dtype_other_than_the_targets_is_refused(monkeypatch):

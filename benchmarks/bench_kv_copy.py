@@ -1,0 +1,126 @@
+"""Bandwidth of write_kv_fp8 and gather_kv_rows against the GPU's measured copy bandwidth (target: >= 70%).
+
+Times are the median of CUDA-graph replays (triton.testing.do_bench_cudagraph). Each graph cycles
+through ROTATE independent input sets bigger than L2 together, so a replay reads from HBM rather
+than from the previous replay's cache lines. Bytes counted are what the kernel must move: the write
+reads bf16 rows and int64 slot ids and writes fp8 rows; the gather reads fp8 rows and int32 ids and
+writes fp8 rows and int32 ids. The copy bandwidth is a device-to-device copy of 1 GiB (read + write).
+
+    python benchmarks/bench_kv_copy.py [--rows 65536] [--sweep]     # prints JSON rows
+`run()` is what the kernels bench driver calls.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+ROTATE = 8
+COPY_BYTES = 1 << 30
+
+
+def _bench_us(fn) -> float:
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+
+
+def copy_gb_s() -> float:
+    """Device-to-device copy bandwidth, read plus write bytes, GB/s."""
+    import torch
+
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * COPY_BYTES / _bench_us(lambda: dst.copy_(src)) / 1e3
+
+
+def _rotating(calls):
+    """A function that makes the next call each time it runs (so a captured graph holds them all)."""
+    state = {"i": 0}
+
+    def step():
+        calls[state["i"] % len(calls)]()
+        state["i"] += 1
+
+    return step
+
+
+@contextlib.contextmanager
+def _block_m(module, value):
+    saved = module.BLOCK_M
+    module.BLOCK_M = value or saved
+    try:
+        yield module.BLOCK_M
+    finally:
+        module.BLOCK_M = saved
+
+
+def _cases(rows, pool_rows, width, d_nope):
+    import torch
+    from dsaops.kernels import kv_gather, kv_write
+
+    dev = "cuda"
+    fp8 = kv_write.fp8_dtype_for(torch.device(dev)) or torch.float8_e4m3fn
+    pool = torch.zeros(pool_rows, 1, width, dtype=fp8, device=dev)
+    sets = []
+    for _ in range(ROTATE):
+        x = torch.randn(rows, width, dtype=torch.bfloat16, device=dev)
+        slots = torch.randperm(pool_rows, device=dev)[:rows]
+        sets.append((x, slots, slots.to(torch.int32)))
+    rope = width > d_nope
+    write_calls = [lambda x=x, loc=loc: kv_write.write_kv_fp8(pool, loc, x[:, :d_nope], x[:, d_nope:] if rope else None)
+                   for x, loc, _ in sets]
+    gather_calls = [lambda ids=ids: kv_gather.gather_kv_rows(pool, ids) for _, _, ids in sets]
+    return [
+        ("write_kv_fp8", kv_write, write_calls, rows * (width * 2 + 8 + width)),
+        ("gather_kv_rows", kv_gather, gather_calls, rows * (width + 4 + width + 4)),
+    ]
+
+
+def run(rows=65536, pool_rows=1 << 20, widths=(512, 576), sweep=False, copy_gbps=None) -> list[dict]:
+    """One dict per kernel and row width (d=512: NoPE GLM-5.3-Flash; 576: 512 + 64 RoPE), at the default tile;
+    with sweep, also at other BLOCK_M values (rows marked default=False)."""
+    copy_gbps = copy_gbps or copy_gb_s()
+    results = []
+    for width in widths:
+        for name, module, calls, nbytes in _cases(rows, pool_rows, width, d_nope=512):
+            default = module.BLOCK_M
+            for block in [default] + ([b for b in (8, 16, 32, 64, 128) if b != default] if sweep else []):
+                with _block_m(module, block):
+                    us = _bench_us(_rotating(calls))
+                gbps = nbytes / us / 1e3
+                results.append({"kernel": name, "rows": rows, "width": width, "block_m": block,
+                                "default": block == default, "us": round(us, 2), "bytes": nbytes,
+                                "gb_s": round(gbps, 1), "copy_gb_s": round(copy_gbps, 1),
+                                "pct_of_copy": round(100 * gbps / copy_gbps, 1)})
+    return results
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| kernel | rows | row bytes | BLOCK_M | µs | GB/s | % of copy |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['kernel']} | {r['rows']} | {r['width']} | {r['block_m']}{'' if r['default'] else ' (sweep)'} | "
+              f"{r['us']} | {r['gb_s']} | {r['pct_of_copy']} |" for r in results]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=65536)
+    parser.add_argument("--sweep", action="store_true", help="also time other BLOCK_M values")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_kv_copy: no CUDA GPU here; run it on the H200 machine", file=sys.stderr)
+        return 2
+    results = run(rows=args.rows, sweep=args.sweep)
+    print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": results}, indent=1))
+    print(markdown(results), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for `import dsaops`
+    raise SystemExit(main())
