@@ -1,0 +1,161 @@
+"""Deaths seen from real processes titled like SGLang's schedulers (setproctitle), with the
+log for the cause; the watcher runs its real background loop."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+import sglang_lines as L
+from conftest import wait_for
+from dsaops.healthchecks.logfollow import LogFollower
+from dsaops.healthchecks.logparse import CAUSES, LogState
+from dsaops.healthchecks.metrics import ErrorCounts
+from dsaops.healthchecks.oom import KernelOomRecords
+from dsaops.healthchecks.processes import ProcessWatcher
+
+TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
+
+
+@pytest.fixture
+def watched(tmp_path):
+    """A watcher (0.2 s poll, 1.5 s grace) over a followed log, a kernel-log file and a cgroup tree."""
+    log, errors = LogState(), ErrorCounts()
+    path = tmp_path / "sglang.log"
+    path.write_text("")
+    kmsg_path = tmp_path / "kmsg"
+    kmsg_path.write_bytes(b"")
+    follower = LogFollower(str(path), log, errors, poll=0.05).start()
+    kmsg = KernelOomRecords(errors, str(kmsg_path), retry_s=0)
+    watcher = ProcessWatcher(errors, log, kmsg, interval=0.2, grace=1.5, cgroup_root=str(tmp_path / "cgroup")).start()
+    watcher.paths = {"log": path, "kmsg": kmsg_path}
+    watcher.errors = errors
+    yield watcher
+    watcher.stop()
+    follower.stop()
+    kmsg.close()
+
+
+def append(path, text):
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def ranks_up(watcher, n):
+    return wait_for(lambda: sum(watcher.snapshot()[0].values()) == n, 10)
+
+
+def deaths(watcher):
+    return {k: v for k, v in watcher.snapshot()[1].items() if v}
+
+
+def test_sigkill_with_the_watchdog_line_is_one_death(watched, launcher):
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    assert set(watched.snapshot()[1]) == {(f"TP{i}", c) for i in range(4) for c in CAUSES}  # all start at 0
+    victim = lch.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    append(watched.paths["log"], L.line(L.crashed("scheduler_1", victim, -9)))
+    assert wait_for(lambda: deaths(watched) == {("TP1", "sigkill"): 1}, 5), deaths(watched)
+    assert watched.snapshot()[0] == {"TP0": 1, "TP1": 0, "TP2": 1, "TP3": 1}
+    # SGLang then tears the rest down: not deaths; and the death stays counted once
+    lch.kill_all()
+    wait_for(lambda: False, 2.5)
+    assert deaths(watched) == {("TP1", "sigkill"): 1}
+
+
+def test_sigkill_without_a_line_is_unknown_once(watched, launcher):
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    os.kill(lch.pids[2], signal.SIGKILL)
+    assert wait_for(lambda: deaths(watched) == {("TP2", "unknown"): 1}, 5), deaths(watched)
+    wait_for(lambda: False, 2)
+    assert deaths(watched) == {("TP2", "unknown"): 1}
+
+
+def test_kernel_oom_record_names_the_cause(watched, launcher):
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    victim = lch.pids[3]
+    append(watched.paths["kmsg"], f"3,2201,9911223,-;Out of memory: Killed process {victim} (python3) "
+                                  "total-vm:9000kB, anon-rss:8000kB\n")
+    os.kill(victim, signal.SIGKILL)
+    append(watched.paths["log"], L.line(L.crashed("scheduler_3", victim, -9)))
+    assert wait_for(lambda: deaths(watched) == {("TP3", "oom_kill"): 1}, 5), deaths(watched)
+
+
+def test_cgroup_oom_kill_count_names_the_cause(watched, launcher, tmp_path):
+    from dsaops.healthchecks.oom import cgroup_of
+
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    group = cgroup_of(lch.pids[0])
+    if group is None:
+        pytest.skip("no cgroup v2 line in /proc/PID/cgroup here")
+    events = tmp_path / "cgroup" / group.lstrip("/") / "memory.events"
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    wait_for(lambda: False, 0.6)  # a poll takes the baseline
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    os.kill(lch.pids[0], signal.SIGKILL)
+    assert wait_for(lambda: deaths(watched) == {("TP0", "oom_kill"): 1}, 5), deaths(watched)
+
+
+def test_clean_stop_counts_nothing(watched, launcher):
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    append(watched.paths["log"], L.line(L.sigterm()))
+    lch.stop()
+    assert wait_for(lambda: watched.snapshot()[0] == {}, 5), watched.snapshot()[0]
+    assert deaths(watched) == {}
+
+
+def test_whole_server_killed_at_once_is_not_a_death(watched, launcher):
+    """All ranks and the launcher gone together (e.g. `docker kill`): a stop, not a rank death."""
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    os.kill(lch.proc.pid, signal.SIGKILL)
+    lch.kill_all()
+    assert wait_for(lambda: watched.snapshot()[0] == {}, 5)
+    assert deaths(watched) == {}
+
+
+def test_a_restarted_rank_is_up_again(watched, launcher):
+    lch = launcher(TITLES[:2])
+    assert ranks_up(watched, 2)
+    os.kill(lch.pids[1], signal.SIGKILL)
+    assert wait_for(lambda: watched.snapshot()[0].get("TP1") == 0, 5)
+    launcher(["sglang::scheduler_TP1", "sglang::scheduler_TP5"])
+    assert wait_for(lambda: watched.snapshot()[0].get("TP1") == 1, 5)
+
+
+def test_unreadable_kernel_log_is_counted_and_retried():
+    """As `nobody` (a container without CAP_SYSLOG) opening is refused: counted, and reading
+    resumes once the record becomes readable. The effective uid is dropped only around the reads."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as nobody and back")
+    folder = Path(tempfile.mkdtemp(prefix="dsaops-kmsg-"))  # pytest's tmp_path is closed to nobody
+    folder.chmod(0o755)
+    kmsg = folder / "kmsg"
+    kmsg.write_bytes(b"3,1,1,-;oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=777,uid=0\n")
+    kmsg.chmod(0o000)
+    errors = ErrorCounts()
+    records = KernelOomRecords(errors, str(kmsg), retry_s=0)
+
+    def as_nobody(pid):
+        os.seteuid(65534)
+        try:
+            return records.was_killed(pid)
+        finally:
+            os.seteuid(0)
+
+    assert as_nobody(777) is False
+    assert errors.counts()["kmsg"] == 1
+    kmsg.chmod(0o644)
+    assert as_nobody(777) is True
+    assert errors.counts()["kmsg"] == 1
+    records.close()
+    shutil.rmtree(folder)
