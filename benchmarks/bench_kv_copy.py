@@ -57,11 +57,10 @@ def _block_m(module, value):
         module.BLOCK_M = saved
 
 
-def _cases(rows, pool_rows, width, d_nope):
+def _cases(rows, pool_rows, width, d_nope, dev):
     import torch
     from dsaops.kernels import kv_gather, kv_write
 
-    dev = "cuda"
     fp8 = kv_write.fp8_dtype_for(torch.device(dev)) or torch.float8_e4m3fn
     pool = torch.zeros(pool_rows, 1, width, dtype=fp8, device=dev)
     sets = []
@@ -79,13 +78,13 @@ def _cases(rows, pool_rows, width, d_nope):
     ]
 
 
-def run(rows=65536, pool_rows=1 << 20, widths=(512, 576), sweep=False, copy_gbps=None) -> list[dict]:
+def run(rows=65536, pool_rows=1 << 20, widths=(512, 576), sweep=False, copy_gbps=None, device="cuda") -> list[dict]:
     """One dict per kernel and row width (d=512: NoPE GLM-5.3-Flash; 576: 512 + 64 RoPE), at the default tile;
     with sweep, also at other BLOCK_M values (rows marked default=False)."""
     copy_gbps = copy_gbps or copy_gb_s()
     results = []
     for width in widths:
-        for name, module, calls, nbytes in _cases(rows, pool_rows, width, d_nope=512):
+        for name, module, calls, nbytes in _cases(rows, pool_rows, width, 512, device):
             default = module.BLOCK_M
             for block in [default] + ([b for b in (8, 16, 32, 64, 128) if b != default] if sweep else []):
                 with _block_m(module, block):
