@@ -55,13 +55,14 @@ def run_gate(command: list[str] | str, *, timeout: float, grace: float = 10.0, e
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     tail: list[str] = []
-    refused_at = ready = None
+    refused_at = ready = closed = None
     while True:
         try:
             line = lines.get(timeout=0.2)
         except queue.Empty:
             line = ""
         if line is None:  # output closed: the launch has exited (or closed its output)
+            closed = True
             break
         if line:
             tail = (tail + [line.rstrip("\n")])[-20:]
@@ -75,7 +76,7 @@ def run_gate(command: list[str] | str, *, timeout: float, grace: float = 10.0, e
         now = time.monotonic()
         if now - start > timeout or (refused_at and now - refused_at > grace):
             break
-    code = _finish(proc, cleanup)
+    code = _finish(proc, cleanup, exiting=closed)
     seconds = round(time.monotonic() - start, 2)
     if ready:
         return GateResult(False, "the launch started serving instead of refusing", seconds, code, tail)
@@ -96,15 +97,15 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def _finish(proc: subprocess.Popen, cleanup) -> int | None:
+def _finish(proc: subprocess.Popen, cleanup, *, exiting: bool) -> int | None:
     """The exit code if the launch ended by itself, else None after killing it (`cleanup`
     first, e.g. `docker rm -f`). Either way, whatever it left in its process group goes too."""
     try:
-        code = proc.wait(timeout=2)
+        code = proc.wait(timeout=2) if exiting else proc.poll()
     except subprocess.TimeoutExpired:
         code = None
-        if cleanup:
-            cleanup()
+    if code is None and cleanup:
+        cleanup()
     _kill_group(proc)
     return code
 

@@ -31,6 +31,7 @@ NIAH_POSITIONS = ("begin", "middle", "end")
 NIAH_QUESTION = "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
 CHARS_PER_TOKEN = 4        # English filler: depth in tokens is approximate
 STATUSES = ("pass", "fail", "timeout", "error")
+HEARTBEAT_S = 15          # progress lines while a long probe waits
 
 _SUBJECTS = ("The harbour master", "A quiet librarian", "The old engineer", "Our neighbour", "The river pilot",
              "A travelling painter", "The night baker", "The station clerk", "A patient gardener", "The ferry cook")
@@ -143,7 +144,7 @@ def _timed(name: str, kind: str, timeout: float, progress, fn) -> ProbeResult:
     done = threading.Event()
 
     def heartbeat():
-        while not done.wait(15):
+        while not done.wait(HEARTBEAT_S):
             progress(f"    ... {name}: waiting {time.monotonic() - start:.0f} s of {timeout:g} s")
 
     threading.Thread(target=heartbeat, daemon=True).start()

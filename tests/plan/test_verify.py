@@ -1,0 +1,187 @@
+"""`dsaops verify` against a small OpenAI-compatible server on 127.0.0.1 that answers right,
+answers wrong, times out, drops the connection or errors, each on the probes a test picks."""
+import json
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dsaops import verify_probes as vp
+from dsaops.cli import main
+
+EXPECTED = {prompt: expected for _, prompt, expected in vp.PROMPTS}
+NEEDLE = re.compile(r"The secret passphrase is (\S+)\.")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": "glm-test", "object": "model"}]})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert body["temperature"] == 0
+        prompt = body["messages"][0]["content"]
+        self.server.prompts.append(prompt)
+        action = self.server.behave(prompt)
+        if action == "drop":
+            self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            return
+        if isinstance(action, float):           # a server that takes longer than the probe's timeout
+            time.sleep(action)
+            action = "right"
+        if isinstance(action, int):
+            self._send(action, {"object": "error", "message": "prompt too long for this server"})
+            return
+        answer = right_answer(prompt) if action == "right" else action
+        self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]})
+
+
+def right_answer(prompt: str) -> str:
+    if prompt in EXPECTED:
+        return f"<think>the user wants a short answer</think>{EXPECTED[prompt]}"
+    return NEEDLE.search(prompt).group(1)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # dropped connections are the point of some tests
+
+
+@pytest.fixture
+def server():
+    """serve(behave) -> base URL; behave(prompt) returns 'right', 'drop', an answer, a delay (float) or an HTTP code."""
+    started = []
+
+    def serve(behave=lambda prompt: "right"):
+        srv = _Server(("127.0.0.1", 0), _Handler)
+        srv.behave, srv.prompts = behave, []
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        started.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}", srv
+    yield serve
+    for srv in started:
+        srv.shutdown()
+        srv.server_close()
+
+
+def verify(url, capsys, *extra) -> tuple[int, dict, str]:
+    code = main(["verify", "--server-url", url, "--niah-depths", "256,1024", "--timeout", "5", "--json", *extra])
+    out = capsys.readouterr()
+    return code, json.loads(out.out), out.err
+
+
+def statuses(report) -> dict:
+    return {p["name"]: p["status"] for p in report["probes"]}
+
+
+def test_right_answers_pass(server, capsys):
+    url, srv = server()
+    code, report, err = verify(url, capsys)
+    assert code == 0 and report["passed"] and report["model"] == "glm-test"
+    assert set(statuses(report).values()) == {"pass"} and len(report["probes"]) == len(vp.PROMPTS) + 6
+    assert "[1/11] answer capital-zh" in err and "needle at middle of ~1024 tokens" in err
+    assert all(p["answer"] == p["expected"] for p in report["probes"])   # </think> stripped
+    assert len(srv.prompts) == 11 and srv.prompts[-1] == vp.haystack(1024, "end")[0]
+
+
+def test_wrong_answers_fail_and_only_those(server, capsys):
+    def behave(prompt):
+        if prompt == "2+3等于几?只回答数字。":
+            return "15"                                   # contains 5, still wrong
+        if prompt == vp.haystack(1024, "middle")[0]:
+            return "I could not find a passphrase."
+        return "right"
+    url, _ = server(behave)
+    code, report, _ = verify(url, capsys)
+    s = statuses(report)
+    assert code == 1 and not report["passed"]
+    assert s.pop("add-zh") == "fail" and s.pop("niah-1024-middle") == "fail"
+    assert set(s.values()) == {"pass"}
+
+
+def test_timeout_is_reported_as_timeout(server, capsys, monkeypatch):
+    monkeypatch.setattr(vp, "HEARTBEAT_S", 0.2)
+    url, _ = server(lambda prompt: 1.5 if "France" in prompt else "right")
+    code = main(["verify", "--server-url", url, "--niah-depths", "", "--timeout", "0.8", "--json"])
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert code == 1 and statuses(report)["capital-en"] == "timeout"
+    assert [p["status"] for p in report["probes"] if p["name"] != "capital-en"] == ["pass"] * (len(vp.PROMPTS) - 1)
+    assert "capital-en: waiting" in out.err                          # progress while a probe waits
+
+
+def test_dropped_connection_and_http_error_are_errors(server, capsys):
+    url, _ = server(lambda prompt: "drop" if "9.11" in prompt else (400 if NEEDLE.search(prompt) else "right"))
+    code, report, _ = verify(url, capsys, "--niah-depths", "256")
+    by_name = {p["name"]: p for p in report["probes"]}
+    assert code == 1
+    assert by_name["compare-zh"]["status"] == "error" and "connection" in by_name["compare-zh"]["detail"]
+    assert {by_name[f"niah-256-{pos}"]["status"] for pos in vp.NIAH_POSITIONS} == {"error"}
+    assert "HTTP 400" in by_name["niah-256-begin"]["detail"]
+    assert by_name["capital-zh"]["status"] == "pass"
+
+
+def test_no_server_is_an_error_not_a_hang(capsys):
+    with socket.socket() as s:       # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, report, _ = verify(f"http://127.0.0.1:{port}", capsys)
+    assert code == 1 and statuses(report) == {"server": "error"}
+
+
+def test_record_then_compare_with_the_reference(server, capsys, tmp_path):
+    ref = tmp_path / "reference.json"
+    url, _ = server()
+    assert verify(url, capsys, "--niah-depths", "", "--record", str(ref))[0] == 0
+    assert json.loads(ref.read_text())["answers"]["capital-zh"] == "北京"
+    # "北京市" still names the capital, but it is not what the reference recorded at temperature 0
+    url2, _ = server(lambda p: "北京市" if "首都" in p else "right")
+    code, report, _ = verify(url2, capsys, "--niah-depths", "", "--reference", str(ref))
+    by_name = {p["name"]: p for p in report["probes"]}
+    assert code == 1 and by_name["capital-zh"]["detail"].startswith("differs from the reference")
+    assert verify(url, capsys, "--niah-depths", "", "--reference", str(ref))[0] == 0
+
+
+def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
+    (tmp_path / "r.json").write_text("{}")
+    assert main(["verify", "--server-url", "http://127.0.0.1:9", "--reference", str(tmp_path / "r.json")]) == 2
+    assert "--record" in capsys.readouterr().err
+    assert main(["verify", "--server-url", "http://127.0.0.1:9", "--niah-depths", "16k"]) == 2
+    assert "comma-separated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("depth", [256, 16384])
+def test_haystack_is_deterministic_and_about_depth_tokens(depth):
+    for position in vp.NIAH_POSITIONS:
+        prompt, passphrase = vp.haystack(depth, position)
+        assert (prompt, passphrase) == vp.haystack(depth, position)
+        assert abs(len(prompt) / vp.CHARS_PER_TOKEN - depth) < 0.02 * depth + 20
+        where = prompt.index(passphrase) / len(prompt)
+        assert {"begin": where < 0.05, "middle": 0.4 < where < 0.6, "end": where > 0.9}[position]
+    assert len({vp.haystack(depth, p)[1] for p in vp.NIAH_POSITIONS}) == 3
+
+
+def test_answer_matching_is_strict_about_tokens():
+    assert vp.matches("The answer is 9.8.", "9.8") and not vp.matches("9.85", "9.8")
+    assert vp.matches("5", "5") and not vp.matches("15", "5") and not vp.matches("2.5", "5")
+    assert vp.matches("北京", "北京") and vp.matches("paris", "Paris")
