@@ -1,0 +1,60 @@
+"""The alert rules: promtool checks them and runs their unit tests (fire and stay silent)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from need import need
+
+RULES = Path(__file__).resolve().parents[2] / "healthchecks" / "rules"
+README = RULES.parent / "README.md"
+
+
+@pytest.fixture(scope="module")
+def promtool():
+    need(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
+    return shutil.which("promtool")
+
+
+def run(*args, cwd=None):
+    return subprocess.run(args, check=False, capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_rules_check(promtool):
+    for rules in RULES.glob("*.yml"):
+        r = run(promtool, "check", "rules", str(rules))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_rule_unit_tests_pass(promtool):
+    tests = sorted((RULES / "tests").glob("*.yml"))
+    assert tests
+    r = run(promtool, "test", "rules", *map(str, tests))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_has_a_test():
+    alerts = set(re.findall(r"- alert: (\w+)", "".join(p.read_text() for p in RULES.glob("*.yml"))))
+    tested = set(re.findall(r"alertname: (\w+)", "".join(p.read_text() for p in (RULES / "tests").glob("*.yml"))))
+    assert alerts and alerts == tested
+
+
+def test_negative_control_a_wrong_threshold_fails_the_tests(promtool, tmp_path):
+    """The unit tests can fail: the death alert made to need 5 deaths misses the one death."""
+    (tmp_path / "tests").mkdir()
+    text = (RULES / "dsaops.yml").read_text()
+    assert "increase(dsa_worker_deaths_total[10m]) > 0" in text
+    (tmp_path / "dsaops.yml").write_text(text.replace("increase(dsa_worker_deaths_total[10m]) > 0",
+                                                      "increase(dsa_worker_deaths_total[10m]) > 5"))
+    shutil.copy(RULES / "tests" / "dsaops_test.yml", tmp_path / "tests")
+    r = run(promtool, "test", "rules", "tests/dsaops_test.yml", cwd=tmp_path)
+    assert r.returncode != 0 and "DsaWorkerRankDied" in r.stdout + r.stderr
+
+
+def test_every_metric_in_the_rules_is_documented():
+    used = set(re.findall(r"\bdsa_\w+", (RULES / "dsaops.yml").read_text()))
+    documented = set(re.findall(r"`(dsa_\w+)", README.read_text()))
+    assert used <= documented, used - documented
