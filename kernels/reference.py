@@ -96,7 +96,8 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     if targets.unique().numel() != targets.numel():
         raise ValueError("loc names a slot twice: which row lands there would be undefined; deduplicate loc")
     rows = torch.cat([p.float().cpu() for p in parts], dim=1)[keep]
-    pool[targets.to(pool.device), 0] = rows.to(pool.dtype).to(pool.device)
+    # Indexed through uint8 views: advanced indexing of float8 tensors is not implemented on every device.
+    pool.view(torch.uint8)[targets.to(pool.device), 0] = rows.to(pool.dtype).view(torch.uint8).to(pool.device)
     return pool
 
 
@@ -119,5 +120,5 @@ def gather_kv_rows(pool, slot_ids, pad_multiple=128):
     ids[:n] = slot_ids.to(torch.int32)
     rows = torch.zeros((padded, 1, pool.shape[2]), dtype=pool.dtype, device=pool.device)
     valid = ids >= 0
-    rows[valid] = pool[ids[valid].long()]
+    rows.view(torch.uint8)[valid] = pool.view(torch.uint8)[ids[valid].long()]
     return rows, ids
