@@ -50,7 +50,7 @@ def free_port() -> int:
 
 
 class FakeServer:
-    """Serves /server_info and /health; tests change `info`, `raw` (bytes served as is),
+    """Serves /server_info and /health; tests change `info` (None: 404), `raw` (bytes served as is),
     `health_status` and `health_delay` while it runs."""
 
     def __init__(self):
@@ -61,7 +61,9 @@ class FakeServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                if self.path == "/server_info":
+                if self.path == "/server_info" and server.info is None and server.raw is None:
+                    self._send(404, b"")  # a worker node: no /server_info
+                elif self.path == "/server_info":
                     body = server.raw if server.raw is not None else json.dumps(server.info).encode()
                     self._send(200, body)
                 elif self.path == "/health":

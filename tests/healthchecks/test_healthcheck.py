@@ -1,0 +1,52 @@
+"""`dsaops healthcheck`: non-zero within 5 s when /health fails or hangs, or a rank is missing."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from conftest import free_port
+
+TITLES = [f"sglang::scheduler_TP{i}" for i in range(2)]
+
+
+def healthcheck(*args):
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "dsaops", "healthcheck", *args], capture_output=True, text=True,
+                       timeout=30, check=False)
+    return r.returncode, r.stdout + r.stderr, time.monotonic() - start
+
+
+def test_healthy(fake_server, launcher):
+    launcher(TITLES)
+    code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "2")
+    assert code == 0, out
+
+
+def test_health_hanging_like_sglang_fails_within_5s(fake_server):
+    fake_server.health_delay = 20  # SGLang's /health waits up to 20 s before its 503
+    code, out, took = healthcheck("--server-url", fake_server.url)
+    assert code == 1 and took < 5, (out, took)
+
+
+def test_health_503_fails(fake_server):
+    fake_server.health_status = 503
+    code, out, _ = healthcheck("--server-url", fake_server.url)
+    assert code == 1 and "503" in out
+
+
+def test_server_down_fails():
+    code, out, took = healthcheck("--server-url", f"http://127.0.0.1:{free_port()}")
+    assert code == 1 and took < 5, out
+
+
+def test_missing_rank_fails_even_when_health_says_200(fake_server, launcher):
+    """A worker node's dummy /health answers 200 whatever the ranks do."""
+    launcher(TITLES)
+    code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "3")
+    assert code == 1 and "2 of 3 scheduler ranks" in out, out
+
+
+def test_bad_input_is_a_clear_error():
+    code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--expect-ranks", "0")
+    assert code == 2 and "--expect-ranks must be at least 1" in out
