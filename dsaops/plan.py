@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 
+DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
+              "scratch per draft token); a DFLASH drafter's own KV is not counted")
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="KV pool, mamba slots and concurrency caps for a launch, before launching",
@@ -131,8 +134,8 @@ def make_plan(args) -> dict:
         "context_length": context,
         "parallel": par, "memory": memory,
         "sglang_args": _sglang_args(args, par, kv_dtype, backends),
-        "warnings": _warnings(args, par, conc, tokens, context, backends, mamba),
-        "assumptions": assumptions,
+        "warnings": _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req),
+        "assumptions": assumptions + ([DRAFT_NOTE] if args.speculative_num_draft_tokens else []),
     }
 
 
@@ -204,7 +207,7 @@ def _mamba_slots_per_request(args) -> int:
         raise UserError(str(e)) from None
 
 
-def _warnings(args, par, conc, tokens, context, backends, mamba) -> list[str]:
+def _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req) -> list[str]:
     out = []
     dp = par["attn_dp_size"]
     if conc.binding == "dp_split":
@@ -215,10 +218,10 @@ def _warnings(args, par, conc, tokens, context, backends, mamba) -> list[str]:
         out.append(f"the KV pool ({tokens} tokens) caps each DP rank at {conc.kv_cap} running requests (tokens // 2); "
                    "raise --mem-fraction-static or use --kv-cache-dtype fp8_e4m3 with tilelang backends")
     if conc.binding == "mamba":
+        halve = ", or halve the state with --mamba-ssm-dtype bfloat16" if args.mamba_ssm_dtype == "float32" else ""
         out.append(f"the mamba state cache caps each DP rank at {conc.mamba_cap} running requests "
-                   f"(max_mamba_cache_size {mamba.slots_per_dp} // {conc.mamba_cap and mamba.slots_per_dp // conc.mamba_cap} "
-                   "state slots per request; SGLang says so only in a WARNING log line): raise --max-mamba-cache-size "
-                   "or --mamba-full-memory-ratio, or halve the state with --mamba-ssm-dtype bfloat16")
+                   f"(max_mamba_cache_size {mamba.slots_per_dp} // {slots_per_req} state slots per request; SGLang "
+                   f"says so only in a WARNING log line): raise --max-mamba-cache-size or --mamba-full-memory-ratio{halve}")
     if conc.requested is None:
         out.append(f"no --max-running-requests: SGLang picks {conc.requested_per_dp} per DP rank from the pool and "
                    "context length; set --max-running-requests to choose")
@@ -249,6 +252,8 @@ def _sglang_args(args, par, kv_dtype, backends) -> list[str]:
             out += ["--" + flag.replace("_", "-"), f"{value:g}" if isinstance(value, float) else str(value)]
     if args.mamba_ssm_dtype != "float32":
         out += ["--mamba-ssm-dtype", args.mamba_ssm_dtype]
+    if args.speculative_num_draft_tokens:
+        out += ["--speculative-algorithm", "EAGLE"]
     return out
 
 

@@ -181,3 +181,18 @@ def test_console_script_prints_the_table():
                           "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5", "--max-running-requests", "8"],
                          capture_output=True, text=True, check=True).stdout
     assert "7,084 = attention 11 x 512" in out and "binding: dp_split" in out and "WARNING" in out
+
+
+def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
+    """seeds/000: on 2x GB10 the mamba state cache held speculative configs at 2 streams (issue 36889)."""
+    sparks = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", "--kv-cache-dtype",
+              "fp8_e4m3", *TILELANG, "--mem-fraction-static", "0.94", "--gpu-memory-gib", "119",
+              "--free-memory-gib", "9", "--context-length", "57344", "--mamba-ssm-dtype", "bfloat16"]
+    plain = plan([*sparks, "--max-running-requests", "4"], capsys)
+    spec = plan([*sparks, "--max-running-requests", "12", "--speculative-num-draft-tokens", "6"], capsys)
+    assert (plain["binding_limit"], plain["max_running_requests_per_dp"]) == ("request", 4)
+    assert (spec["binding_limit"], spec["max_running_requests_per_dp"]) == ("mamba", 2)
+    assert spec["kv_bytes_per_token"] == 7_084 + 5_632 // 11 + 132          # one NextN draft layer
+    assert not any("--mamba-ssm-dtype bfloat16" in w for w in spec["warnings"])   # already bf16
+    assert "--speculative-algorithm" in spec["sglang_args"] and any("DFLASH" in a for a in spec["assumptions"])
+    assert "--max-running-requests" in refused([*sparks, "--speculative-num-draft-tokens", "6"], capsys)

@@ -197,3 +197,50 @@ def test_pool_tokens_match_calculate_pool_sizes():
         me = NS(_fixed_overhead_bytes=0, _cell_size=cell, _zero_kv_max_tokens=0)
         expected = sizes(me, int(budget), GLM.page_tokens).max_total_num_tokens
         assert kv_budget.kv_pool_tokens(budget, cell_bytes=cell, page_tokens=GLM.page_tokens) == expected
+
+
+def test_mamba_pool_matches_handle_max_mamba_cache():
+    """_handle_max_mamba_cache (pinned) over budgets, DP sizes, explicit sizes, radix off and speculative
+    decoding: the same slot count and the same memory left for the KV pool."""
+    ns, ratio = _ratio_fn()
+    _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
+    ns.update(_pd_prefill_skips_mamba_spec_state=lambda: False)
+    handle = lift(KVC, "KVCacheConfigurator._handle_max_mamba_cache", ns)
+    slot = GLM.mamba_slot_bytes(1)["total"]
+    grid = itertools.product((2.24, 61.6), (1, 8), (None, 40, 300), (None, 6), (False, True), (None, 12, 256))
+    checked = 0
+    for rest, dp, size, draft, radix_off, running in grid:
+        if draft and running is None:
+            continue   # SGLang asserts max_running_requests with speculative decoding; so does the plan
+        schedule = NS(max_running_requests=running, max_mamba_cache_size=size, mamba_full_memory_ratio=0.9,
+                      disable_overlap_schedule=False)
+        ns["get_schedule"] = lambda s=schedule: s
+        ns["get_memory"] = lambda r=radix_off: NS(disable_radix_cache=r)
+        ns["get_spec"] = lambda d=draft: NS(speculative_num_draft_tokens=d)
+        ns["get_exec"] = lambda: NS(mamba=NS(enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=True,
+                                             enable_mamba_extra_buffer_lazy=False))
+        ns["get_context"] = lambda s=schedule: NS(override=lambda name, max_mamba_cache_size: setattr(
+            s, "max_mamba_cache_size", max_mamba_cache_size))
+        kvc = NS(mambaish_config=NS(mamba2_cache_params=NS(layers=list(GLM.linear_layers), mamba_cache_per_req=slot)),
+                 pp_size=1, fused_entry_bytes=lambda name: None, spec_algorithm=NS(is_none=lambda d=draft: not d),
+                 hybrid_gdn_config=None, hybrid_kda_config=object(), extra_mamba_cache_bytes_per_req=0,
+                 attn_dp_size=dp, _calculate_mamba_ratio=lambda: ratio(None))
+        try:
+            sglang_rest = handle(kvc, rest)
+        except RuntimeError:
+            with pytest.raises(kv_budget.NotEnoughMemory):
+                _our_mamba(rest, slot, dp, size, running, radix_off, draft)
+            continue
+        ours = _our_mamba(rest, slot, dp, size, running, radix_off, draft)
+        assert ours.slots_per_dp == schedule.max_mamba_cache_size
+        assert rest - ours.bytes / kv_budget.GIB == pytest.approx(sglang_rest, abs=1e-9)
+        checked += 1
+    assert checked > 100
+
+
+def _our_mamba(rest, slot, dp, size, running, radix_off, draft):
+    slots_per_request = 1 if radix_off else 5   # _calculate_mamba_ratio, as the lifted code sees it
+    return kv_budget.mamba_pool(rest, slot_bytes=slot, attn_dp_size=dp, slots_per_request=slots_per_request,
+                                max_mamba_cache_size=size,
+                                max_running_requests=running, disable_radix_cache=radix_off, full_memory_ratio=0.9,
+                                draft_tokens=draft)
