@@ -11,10 +11,12 @@ import sys
 
 SUBCOMMAND_MODULES = (
     "dsaops.targets",
+    "dsaops.kernels.cli",
     "dsaops.plan",
     "dsaops.verify",
     "dsaops.sglang_patches.cli",
     "dsaops.healthchecks.cli",
+    "dsaops.deploy",
 )
 
 

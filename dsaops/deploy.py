@@ -1,0 +1,159 @@
+"""`dsaops deploy`: run playbooks/cluster.yml through ansible-runner, with progress and a summary.
+
+`--print-commands` runs playbooks/print-commands.yml instead: it renders each node's server
+command (the sglang_server role's own template, so there is one source of truth for it) on
+this machine and prints it, touching no host.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
+INVENTORIES = PLAYBOOKS / "inventories"
+PHASES = ("preflight", "host_memory", "network", "sglang_server", "health", "monitoring")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("deploy", help="deploy SGLang serving with the Ansible playbooks (playbooks/cluster.yml)")
+    p.add_argument("-i", "--inventory", required=True,
+                   help="an inventory file, or a name in playbooks/inventories (local, dgx-spark-2x, h20-8gpu, mi300x)")
+    p.add_argument("--check", action="store_true", help="dry run: report what would change and change nothing")
+    p.add_argument("--print-commands", action="store_true",
+                   help="print each node's server command and environment without touching any host")
+    p.add_argument("--tags", help=f"run only these phases, comma-separated: {', '.join(PHASES)}")
+    p.add_argument("--limit", help="run on these hosts only (Ansible pattern)")
+    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                   help="extra variables as for ansible-playbook (KEY=VALUE, JSON or @FILE); repeatable")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="show every task result (-vv: Ansible's -v)")
+    p.set_defaults(func=run)
+
+
+def resolve_inventory(name: str) -> Path:
+    from dsaops.cli import UserError
+
+    for candidate in (Path(name), INVENTORIES / name, INVENTORIES / f"{name}.yml"):
+        if candidate.is_file():
+            return candidate.resolve()
+    known = ", ".join(sorted(p.stem for p in INVENTORIES.glob("*.yml")))
+    raise UserError(f"inventory {name!r} not found; give a file or one of: {known}")
+
+
+def run(args) -> int:
+    from dsaops.cli import UserError
+
+    if not (PLAYBOOKS / "cluster.yml").is_file():
+        raise UserError(f"the playbooks are not here ({PLAYBOOKS}); run dsaops deploy from a dsaops source checkout")
+    if args.print_commands and (args.check or args.tags):
+        raise UserError("--print-commands renders commands only; drop --check/--tags")
+    if args.tags:
+        unknown = set(args.tags.split(",")) - set(PHASES)
+        if unknown:
+            raise UserError(f"unknown phase(s) {', '.join(sorted(unknown))}; phases: {', '.join(PHASES)}")
+    inventory = resolve_inventory(args.inventory)
+    try:
+        import ansible_runner
+    except ImportError:
+        raise UserError("ansible-runner is not installed: pip install 'dsaops[deploy]'") from None
+    # Prefer the ansible-playbook installed beside this Python (a virtual environment need not be active).
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    if not shutil.which("ansible-playbook", path=path):
+        raise UserError("ansible-playbook is not installed: pip install 'dsaops[deploy]'")
+
+    cmdline = []
+    for extra in args.extra_vars:
+        cmdline += ["-e", extra]
+    if args.check:
+        cmdline.append("--check")
+    if args.tags:
+        cmdline += ["--tags", args.tags]
+    if args.limit:
+        cmdline += ["--limit", args.limit]
+    if args.verbose > 1:
+        cmdline.append("-" + "v" * (args.verbose - 1))
+
+    with tempfile.TemporaryDirectory(prefix="dsaops-deploy-") as tmp:
+        extravars = {}
+        if args.print_commands:
+            out = Path(tmp) / "commands"
+            out.mkdir()
+            extravars["sglang_server_print_dir"] = str(out)
+        progress = Progress(quiet=args.print_commands, verbose=args.verbose > 0)
+        result = ansible_runner.run(
+            private_data_dir=tmp,
+            project_dir=str(PLAYBOOKS),
+            playbook="print-commands.yml" if args.print_commands else "cluster.yml",
+            inventory=str(inventory),
+            extravars=extravars,
+            cmdline=shlex.join(cmdline) if cmdline else None,
+            envvars={"ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "PATH": path},
+            quiet=True,
+            event_handler=progress.on_event,
+        )
+        failed = result.rc != 0
+        if failed and not progress.failures:
+            # Ansible stopped before any task (YAML error, unknown host group): show its output.
+            print(result.stdout.read()[-4000:], file=sys.stderr)
+        if args.print_commands and not failed:
+            print_commands(out)
+            return 0
+        if not args.print_commands:
+            print_summary(result.stats or {}, check=args.check)
+        if failed:
+            print(f"dsaops deploy: failed ({len(progress.failures)} failure(s) above); nothing after them ran",
+                  file=sys.stderr)
+        return 0 if not failed else 1
+
+
+class Progress:
+    """Turns ansible-runner events into one line per play, task result of interest, and failure."""
+
+    def __init__(self, quiet: bool, verbose: bool):
+        self.quiet, self.verbose = quiet, verbose
+        self.failures: list[str] = []
+
+    def on_event(self, event: dict) -> bool:
+        kind, data = event.get("event", ""), event.get("event_data", {})
+        if kind == "playbook_on_play_start" and not self.quiet:
+            print(f"== {data.get('play', '')}", flush=True)
+        elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            res = data.get("res", {})
+            message = res.get("msg") or res.get("stderr") or res
+            line = f"{data.get('host')}: {data.get('task')}: {message}"
+            self.failures.append(line)
+            print(f"   FAILED {line}", file=sys.stderr, flush=True)
+        elif kind == "runner_on_ok" and not self.quiet:
+            changed = data.get("res", {}).get("changed")
+            if changed or self.verbose:
+                print(f"   {'changed' if changed else 'ok':<8}{data.get('host')}: {data.get('task')}", flush=True)
+        return False  # events are not kept on disk beyond the temporary folder
+
+
+def print_summary(stats: dict, check: bool) -> None:
+    columns = (("ok", "ok"), ("changed", "changed"), ("failures", "failed"), ("dark", "unreachable"),
+               ("skipped", "skipped"))
+    hosts = sorted({h for key, _ in columns for h in stats.get(key, {})})
+    print(f"\n{'host':<24}" + "".join(f"{title:>12}" for _, title in columns))
+    for host in hosts:
+        print(f"{host:<24}" + "".join(f"{stats.get(key, {}).get(host, 0):>12}" for key, _ in columns))
+    changes = sum(stats.get("changed", {}).values())
+    verb = "would change" if check else "changed"
+    print(f"summary: {len(hosts)} host(s), {verb} {changes} thing(s)"
+          f"{'' if changes or check else ' (already as wanted)'}")
+
+
+def print_commands(folder: Path) -> None:
+    """Each node's rendered server command, head first (ordered by node rank)."""
+    def rank(path: Path) -> int:
+        found = re.search(r"node rank (\d+) of", path.read_text())
+        return int(found.group(1)) if found else 0
+
+    for path in sorted(folder.glob("*.sh"), key=rank):
+        print(f"# ---- {path.stem} ----")
+        print(path.read_text().rstrip())
+        print()
