@@ -1,0 +1,55 @@
+"""`dsaops exporter` as a user runs it, and its refusals of bad input."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from conftest import free_port, scrape, wait_for
+
+
+def dsaops(*args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "dsaops", *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def test_exporter_serves_with_node_and_plan(tmp_path, fake_server):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "kv_layout": "raw_fp8"}))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", fake_server.url,
+                             "--listen", f"127.0.0.1:{port}", "--node", "gb10-a", "--plan", str(plan),
+                             "--interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "serving" in proc.stdout.readline()
+
+        def up():
+            try:
+                return scrape(f"http://127.0.0.1:{port}/metrics").get('dsa_server_up{node="gb10-a"}') == 1
+            except OSError:
+                return False
+
+        assert wait_for(up, 10)
+        out = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert out['dsa_kv_pool_planned_tokens{node="gb10-a"}'] == 4922240
+        assert all('node="gb10-a"' in key for key in out)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_bad_listen_plan_and_busy_port_are_clear_errors(tmp_path):
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", "9860x")
+    assert r.returncode == 2 and "give HOST:PORT" in r.stderr
+    r = dsaops("exporter", "--server-url", "127.0.0.1:30000")
+    assert r.returncode == 2 and "http://" in r.stderr
+    bad = tmp_path / "plan.json"
+    bad.write_text("{}")
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--plan", str(bad))
+    assert r.returncode == 2 and "kv_pool_tokens_per_rank" in r.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{busy.getsockname()[1]}")
+    assert r.returncode == 2 and "choose another address or port" in r.stderr
