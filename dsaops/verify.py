@@ -131,6 +131,7 @@ def _write_reference(path: str, server_url: str, model: str, results) -> None:
 
 def run_boot_gate(args) -> int:
     import os
+    import shutil
     import subprocess
 
     from dsaops import boot_gate
@@ -138,6 +139,9 @@ def run_boot_gate(args) -> int:
 
     cleanup = None
     if args.image:
+        if not shutil.which("docker"):
+            raise UserError("--image needs the docker CLI on this host (a GPU host with the image); "
+                            "or pass the launch as --command")
         name = f"dsaops-boot-gate-{os.getpid()}"
         command = boot_gate.docker_command(args.image, model_path=args.model_path, name=name,
                                            docker_args=args.docker_arg, sglang_args=args.sglang_arg)

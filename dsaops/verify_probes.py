@@ -56,7 +56,7 @@ class ProbeResult:
 
 
 class ProbeError(Exception):
-    """The request did not produce an answer: `status` is timeout or error."""
+    """The request did not produce an answer: `status` is timeout, error, or fail (no answer in the budget)."""
 
     def __init__(self, status: str, detail: str):
         super().__init__(detail)
@@ -102,10 +102,15 @@ def chat(server_url: str, model: str, prompt: str, *, max_tokens: int, timeout: 
                      {"model": model, "messages": [{"role": "user", "content": prompt}],
                       "temperature": 0, "max_tokens": max_tokens}, timeout)
     try:
-        content = reply["choices"][0]["message"].get("content") or ""
+        choice = reply["choices"][0]
+        content = choice["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
         raise ProbeError("error", f"reply has no choices[0].message: {str(reply)[:200]}") from None
-    return content.rsplit("</think>", 1)[-1].strip()
+    answer = content.rsplit("</think>", 1)[-1].strip()
+    if not answer and choice.get("finish_reason") == "length":
+        # a reasoning model (--reasoning-parser) still thinking: content is empty, reasoning_content is not
+        raise ProbeError("fail", f"no answer within {max_tokens} tokens (still thinking): raise --max-tokens")
+    return answer
 
 
 # ---------------------------------------------------------------- checks

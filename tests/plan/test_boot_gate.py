@@ -89,3 +89,9 @@ def test_a_missing_launcher_is_a_failure_not_a_crash(capsys):
     assert main(["verify", "boot-gate", "--command", "/nonexistent/launch_server --kv-cache-dtype fp8_e4m3",
                  "--timeout", "5"]) == 1
     assert "without SGLang's refusal" in capsys.readouterr().out
+
+
+def test_image_without_docker_says_what_to_do(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert main(["verify", "boot-gate", "--image", "dsaops/sglang:0.5.23-sm_90"]) == 2
+    assert "--command" in capsys.readouterr().err

@@ -50,8 +50,12 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(action, int):
             self._send(action, {"object": "error", "message": "prompt too long for this server"})
             return
-        answer = right_answer(prompt) if action == "right" else action
-        self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]})
+        if action == "think":    # SGLang with --reasoning-parser, stopped by max_tokens mid-thought
+            message, finish = {"role": "assistant", "content": None, "reasoning_content": "Let me see..."}, "length"
+        else:
+            message = {"role": "assistant", "content": right_answer(prompt) if action == "right" else action}
+            finish = "stop"
+        self._send(200, {"choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 
 
 def right_answer(prompt: str) -> str:
@@ -139,6 +143,13 @@ def test_dropped_connection_and_http_error_are_errors(server, capsys):
     assert {by_name[f"niah-256-{pos}"]["status"] for pos in vp.NIAH_POSITIONS} == {"error"}
     assert "HTTP 400" in by_name["niah-256-begin"]["detail"]
     assert by_name["capital-zh"]["status"] == "pass"
+
+
+def test_an_answer_cut_off_while_thinking_says_so(server, capsys):
+    url, _ = server(lambda prompt: "think" if "backwards" in prompt else "right")
+    code, report, _ = verify(url, capsys, "--niah-depths", "", "--max-tokens", "64")
+    probe = {p["name"]: p for p in report["probes"]}["reverse-en"]
+    assert code == 1 and probe["status"] == "fail" and "within 64 tokens" in probe["detail"]
 
 
 def test_no_server_is_an_error_not_a_hang(capsys):
