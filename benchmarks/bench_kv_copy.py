@@ -24,7 +24,7 @@ COPY_BYTES = 1 << 30
 def _bench_us(fn) -> float:
     from triton.testing import do_bench_cudagraph
 
-    return do_bench_cudagraph(fn, rep=50, return_mode="median") * 1e3
+    return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
 
 def copy_gb_s() -> float:
