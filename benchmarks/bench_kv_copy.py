@@ -4,7 +4,8 @@ Times are the median of CUDA-graph replays (triton.testing.do_bench_cudagraph). 
 through ROTATE independent input sets bigger than L2 together, so a replay reads from HBM rather
 than from the previous replay's cache lines. Bytes counted are what the kernel must move: the write
 reads bf16 rows and int64 slot ids and writes fp8 rows; the gather reads fp8 rows and int32 ids and
-writes fp8 rows and int32 ids. The copy bandwidth is a device-to-device copy of 1 GiB (read + write).
+writes fp8 rows and int32 ids. The copy bandwidth (read + write) is the caller's measurement when it
+passes one (the decode bench driver does), else a device-to-device copy of 1 GiB timed here.
 
     python benchmarks/bench_kv_copy.py [--rows 65536] [--no-sweep]     # prints JSON rows
 `run()` is what the kernels bench driver calls.
