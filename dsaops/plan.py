@@ -80,6 +80,10 @@ def make_plan(args) -> dict:
     layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip)
     if not 0 < args.mem_fraction_static < 1:
         raise UserError("--mem-fraction-static must be between 0 and 1 (SGLang's default is about 0.8-0.9)")
+    for flag in ("gpu_memory_gib", "context_length", "max_running_requests", "max_mamba_cache_size",
+                 "mamba_full_memory_ratio", "speculative_num_draft_tokens", "weights_gib"):
+        if (value := getattr(args, flag)) is not None and value <= 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be positive, not {value:g}")
 
     memory, assumptions = _memory(args, target, model, par)
     slots_per_req = _mamba_slots_per_request(args)
@@ -88,22 +92,7 @@ def make_plan(args) -> dict:
                                      free_after_weights_gib=memory["free_after_weights_gib"],
                                      mem_fraction_static=args.mem_fraction_static, multimodal=model.multimodal)
     try:
-        slot = model.mamba_slot_bytes(par["attn_tp_size"], ssm_bytes=4 if args.mamba_ssm_dtype == "float32" else 2)
-        mamba = None
-        if model.linear_layers:
-            mamba = kv_budget.mamba_pool(
-                rest, slot_bytes=slot["total"], attn_dp_size=par["attn_dp_size"], slots_per_request=slots_per_req,
-                max_mamba_cache_size=args.max_mamba_cache_size, max_running_requests=args.max_running_requests,
-                disable_radix_cache=args.disable_radix_cache,
-                full_memory_ratio=args.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
-                draft_tokens=args.speculative_num_draft_tokens)
-        kv_gib = rest - (mamba.bytes / kv_budget.GIB if mamba else 0)
-        if kv_gib <= 0:
-            raise kv_budget.NotEnoughMemory(
-                f"loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
-                f"{args.mem_fraction_static}: raise it")
-        tokens = kv_budget.kv_pool_tokens(kv_gib * kv_budget.GIB, cell_bytes=cell["total"],
-                                          page_tokens=model.page_tokens)
+        slot, mamba, kv_gib, tokens = _pools(args, model, par, rest, cell["total"], slots_per_req)
     except (kv_budget.NotEnoughMemory, model_geometry.ModelConfigError) as e:
         raise UserError(str(e)) from None
 
@@ -112,6 +101,9 @@ def make_plan(args) -> dict:
                                token_capacity=tokens, context_len=context,
                                max_mamba_cache_size=mamba.slots_per_dp if mamba else None,
                                mamba_slots=slots_per_req if mamba else None)
+    if conc.effective_per_dp <= 0:  # resolve_max_num_reqs refuses to start
+        raise UserError(f"the mamba state cache ({mamba.slots_per_dp} slots per DP rank, {slots_per_req} a request) is "
+                        "too small to serve any request: raise --max-mamba-cache-size or --mem-fraction-static")
     memory.update(rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
                   kv_budget_gib=round(kv_gib, 3))
     return {
@@ -137,6 +129,27 @@ def make_plan(args) -> dict:
         "warnings": _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req),
         "assumptions": assumptions + ([DRAFT_NOTE] if args.speculative_num_draft_tokens else []),
     }
+
+
+def _pools(args, model, par, rest_gib: float, cell_bytes: int, slots_per_req: int):
+    """The mamba state pool first, then the KV pool from what is left (_profile_available_bytes)."""
+    from dsaops import kv_budget
+
+    slot = model.mamba_slot_bytes(par["attn_tp_size"], ssm_bytes=4 if args.mamba_ssm_dtype == "float32" else 2)
+    mamba = None
+    if model.linear_layers:
+        mamba = kv_budget.mamba_pool(
+            rest_gib, slot_bytes=slot["total"], attn_dp_size=par["attn_dp_size"], slots_per_request=slots_per_req,
+            max_mamba_cache_size=args.max_mamba_cache_size, max_running_requests=args.max_running_requests,
+            disable_radix_cache=args.disable_radix_cache,
+            full_memory_ratio=args.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
+            draft_tokens=args.speculative_num_draft_tokens)
+    kv_gib = rest_gib - (mamba.bytes / kv_budget.GIB if mamba else 0)
+    if kv_gib <= 0:
+        raise kv_budget.NotEnoughMemory(f"loaded weights leave no GPU memory for the KV cache under "
+                                        f"--mem-fraction-static={args.mem_fraction_static}: raise it")
+    tokens = kv_budget.kv_pool_tokens(kv_gib * kv_budget.GIB, cell_bytes=cell_bytes, page_tokens=model.page_tokens)
+    return slot, mamba, kv_gib, tokens
 
 
 def _parallelism(args) -> dict:
