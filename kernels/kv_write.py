@@ -117,12 +117,12 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
 def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype) for every i with loc[i] != skip_index; returns pool.
 
-    pool [slots, 1, d] fp8 (float8_e4m3fn; float8_e4m3fnuz on gfx942), written in place; loc [N] int32/int64
-    slot ids, distinct among the written rows and in [0, slots) (not checked here: that would cost a host
-    sync; a loc outside the pool is dropped, never written out of bounds; `dsaops.kernels.reference.write_kv_fp8`
-    checks them); k_nope [N, d_nope] or [N, 1, d_nope] in
-    bf16/fp16/fp32; k_rope likewise or None for NoPE, with d_nope + d_rope == d. Rows not named by loc,
-    and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
+    pool [slots, 1, d] fp8 (float8_e4m3fn; float8_e4m3fnuz on gfx942), written in place.
+    loc [N] int32/int64 slot ids, distinct among the written rows and in [0, slots). They are not checked
+    here (that would cost a host sync): a loc outside the pool is dropped, never written out of bounds;
+    `dsaops.kernels.reference.write_kv_fp8` checks them.
+    k_nope [N, d_nope] or [N, 1, d_nope] in bf16/fp16/fp32; k_rope likewise, or None for NoPE; d_nope + d_rope == d.
+    Rows not named by loc, and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
     """
     check_pool(pool)
     check_ids("loc", loc, pool)
