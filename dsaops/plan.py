@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--mem-fraction-static", type=float, required=True)
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU (GB10: what the GPU may use)")
     p.add_argument("--free-memory-gib", type=float, help="free memory per GPU after weights: the `avail mem=` "
-                   "of SGLang's `Load weight end` log line (most exact)")
+                   "of SGLang's `Load weight end` log line, the smallest across ranks (most exact)")
     p.add_argument("--weights-gib", type=float, help="checkpoint size, all ranks together (default: the preset's)")
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-running-requests", type=int)
