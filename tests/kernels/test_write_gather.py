@@ -223,3 +223,20 @@ def test_interpreter_alone_gets_fp8_wrong(monkeypatch):
     pool = torch.zeros(128, 1, 512, dtype=FN)
     kv_write.write_kv_fp8(pool, torch.arange(128), x)
     assert not torch.equal(as_bytes(pool[:, 0]), as_bytes(x.to(FN)))
+
+
+@pytest.mark.gpu
+def test_serving_sizes_on_gpu():
+    """65,536 rows into a 2.4 GB pool (byte offsets past 2**31) and back, against torch's own cast and indexing."""
+    slots, width, n = 1 << 22, 576, 65536
+    pool = torch.zeros(slots, 1, width, dtype=FN, device="cuda")
+    x = torch.randn(n, width, dtype=torch.bfloat16, device="cuda") * 100
+    loc = torch.randperm(slots, device="cuda")[:n]
+    loc[:2] = torch.tensor([slots - 1, 0])  # the last slot, and slot 0, which skip_index keeps
+    kv_write.write_kv_fp8(pool, loc, x[:, :512], x[:, 512:], skip_index=0)
+    raw = pool.view(torch.uint8)
+    assert torch.equal(raw[loc[2:], 0], x[2:].to(FN).view(torch.uint8))
+    assert torch.equal(raw[slots - 1, 0], x[0].to(FN).view(torch.uint8)) and (raw[0] == 0).all()
+    rows, ids = kv_gather.gather_kv_rows(pool, loc.int())
+    assert rows.shape == (n, 1, width) and torch.equal(ids, loc.int())
+    assert torch.equal(rows.view(torch.uint8)[2:, 0], x[2:].to(FN).view(torch.uint8))
