@@ -2,8 +2,9 @@
 
 Follows SGLang 0.5.23 srt/arg_groups/overrides.py (`_dsa_split_backend_resolution`,
 `_check_dsa_backend_constraints`) and srt/mem_cache/kv_cache_configurator.py
-(`calculate_mla_kv_cache_dim`), plus the one pairing the dsaops patch series adds:
-flashmla_sparse_q8 prefill with tilelang decode over the raw fp8 pool (SM90 only).
+(`calculate_mla_kv_cache_dim`), plus the one pairing the dsaops patch series adds
+(sglang_patches/0004, `is_q8_raw_fp8_nope_layout`): flashmla_sparse_q8 prefill with tilelang
+decode over the raw fp8 pool, for NoPE MLA (kv_lora_rank 512, no RoPE dims) on SM90 only.
 """
 from __future__ import annotations
 
@@ -50,8 +51,14 @@ def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, 
     return Backends(prefill or default_prefill, decode or default_decode, defaulted=not (prefill and decode))
 
 
-def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool) -> None:
-    """_check_dsa_backend_constraints, with the dsaops q8 pairing admitted where the target has it."""
+def q8_raw_nope(b: Backends, *, kv_lora_rank: int, qk_rope_head_dim: int) -> bool:
+    """The patched `is_q8_raw_fp8_nope_layout`: q8 prefill and tilelang decode share raw NoPE rows."""
+    return kv_lora_rank == 512 and qk_rope_head_dim == 0 and (b.prefill, b.decode) == (Q8_PREFILL, "tilelang")
+
+
+def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool, nope_q8: bool) -> None:
+    """_check_dsa_backend_constraints, with the dsaops q8 pairing admitted where the target has
+    q8_prefill and the model is NoPE MLA (`nope_q8`: q8_raw_nope for this model)."""
     chosen = {b.prefill, b.decode}
     if Q8_PREFILL in chosen and (b.prefill != Q8_PREFILL or not q8_prefill):
         where = "as the prefill backend" if b.prefill == Q8_PREFILL else "as a prefill backend only"
@@ -60,14 +67,12 @@ def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool) -
         raise BackendRefused(ROCM_ONLY_REFUSAL)
     if hip or kv_dtype != "fp8_e4m3" or "tilelang" not in chosen:
         return
-    if (b.prefill, b.decode) == (Q8_PREFILL, "tilelang"):
-        return  # the patched image serves q8 prefill over the raw tilelang pool
-    if b.prefill != "tilelang" or b.decode != "tilelang":
+    if not nope_q8 and (b.prefill != "tilelang" or b.decode != "tilelang"):
         raise BackendRefused(MIXED_TILELANG_REFUSAL)
 
 
-def kv_layout(kv_dtype: str, b: Backends, *, hip: bool) -> str:
-    """calculate_mla_kv_cache_dim: bf16 | raw_fp8 (512 B NoPE rows) | scaled_fp8 (+ per-128 scales)."""
+def kv_layout(kv_dtype: str, b: Backends, *, hip: bool, nope_q8: bool) -> str:
+    """calculate_mla_kv_cache_dim (patched): bf16 | raw_fp8 (unscaled rows) | scaled_fp8 (+ per-128 scales)."""
     if kv_dtype == "bf16":
         return "bf16"
     chosen = {b.prefill, b.decode}
@@ -75,6 +80,6 @@ def kv_layout(kv_dtype: str, b: Backends, *, hip: bool) -> str:
         return "raw_fp8"
     if hip and chosen & set(_HIP_RAW_BACKENDS):
         return "raw_fp8"
-    if b.decode == "tilelang" and b.prefill in ("tilelang", Q8_PREFILL):
+    if (b.prefill, b.decode) == ("tilelang", "tilelang") or nope_q8:
         return "raw_fp8"
     return "scaled_fp8"

@@ -73,11 +73,12 @@ def make_plan(args) -> dict:
     kv_dtype = kv_layout.normalize_kv_dtype(args.kv_cache_dtype)
     backends = kv_layout.resolve_backends(kv_dtype, args.dsa_prefill_backend, args.dsa_decode_backend, hip=hip,
                                           sm_major=int(target.compute_capability.split(".")[0] or 0))
+    nope_q8 = kv_layout.q8_raw_nope(backends, kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
     try:
-        kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"))
+        kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"), nope_q8=nope_q8)
     except kv_layout.BackendRefused as e:
         raise UserError(f"SGLang refuses this launch at startup: {e}") from None
-    layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip)
+    layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8)
     if not 0 < args.mem_fraction_static < 1:
         raise UserError("--mem-fraction-static must be between 0 and 1 (SGLang's default is about 0.8-0.9)")
     for flag in ("gpu_memory_gib", "context_length", "max_running_requests", "max_mamba_cache_size",

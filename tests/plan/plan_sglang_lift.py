@@ -11,13 +11,14 @@ import ast
 import sys
 import types
 from functools import cache
+from pathlib import Path
 
 from sglang_wheel import sglang_source
 
 
 @cache
-def _tree(rel: str) -> ast.Module:
-    return ast.parse((sglang_source() / "sglang" / rel).read_text())
+def _tree(rel: str, root: Path | None = None) -> ast.Module:
+    return ast.parse(((root or sglang_source()) / "sglang" / rel).read_text())
 
 
 def _find(body, names):
@@ -27,10 +28,11 @@ def _find(body, names):
     raise LookupError(f"{'.'.join(names)} is gone from the pinned source")
 
 
-def lift(rel: str, qualname: str, namespace: dict):
-    """Define `qualname` ("func", "Class" or "Class.method") from sglang/<rel> in `namespace`
-    and return it. Methods come out as plain functions (decorators dropped); classes keep theirs."""
-    node = _find(_tree(rel).body, qualname.split("."))
+def lift(rel: str, qualname: str, namespace: dict, *, root: Path | None = None):
+    """Define `qualname` ("func", "Class" or "Class.method") from <root>/sglang/<rel> (root: the
+    pinned wheel, or a patched copy of it) in `namespace` and return it. Methods come out as
+    plain functions (decorators dropped); classes keep theirs."""
+    node = _find(_tree(rel, root).body, qualname.split("."))
     if isinstance(node, ast.FunctionDef):
         node = ast.FunctionDef(**{**{f: getattr(node, f) for f in node._fields}, "decorator_list": []})
     module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))

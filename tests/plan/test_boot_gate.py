@@ -6,6 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from test_sglang_formulas import patched_check
 
 from dsaops import boot_gate
 from dsaops.cli import main
@@ -46,6 +48,17 @@ def test_sglangs_own_validation_refuses_and_passes(tmp_path, capsys):
     out = capsys.readouterr()
     assert "boot gate PASS: refused at startup with SGLang's message (exit code 1)" in out.out
     assert "ValueError: CUDA TileLang FP8 KV requires both DSA backends to be tilelang" in out.err
+
+
+def test_the_patched_image_refuses_with_the_same_text(patched_root, monkeypatch):
+    """DESIGN: the boot gate expects the refusal of the *patched* SGLang; the series keeps the pairing
+    refused and SGLang's text, so one expectation serves both."""
+    check = patched_check(patched_root, monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    flags = dict(zip(boot_gate.GATE_ARGS[::2], boot_gate.GATE_ARGS[1::2]))
+    with pytest.raises(ValueError) as refusal:
+        check(flags["--kv-cache-dtype"], flags["--dsa-prefill-backend"], flags["--dsa-decode-backend"], hip=False)
+    assert boot_gate.MIXED_TILELANG_REFUSAL in str(refusal.value)
 
 
 def test_a_launch_that_starts_serving_fails_and_is_killed(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """The planner's formulas against SGLang 0.5.23's own code, lifted from the pinned wheel."""
 import itertools
 import logging
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace as NS
 
@@ -86,7 +87,7 @@ def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
         ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
         dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
         sglang_bytes = dim_of(model_config=model, kv_cache_dtype=dtype) * dtype.itemsize
-        layout = kv_layout.kv_layout(kv, kv_layout.Backends(prefill, decode, False), hip=hip)
+        layout = kv_layout.kv_layout(kv, kv_layout.Backends(prefill, decode, False), hip=hip, nope_q8=False)
         assert GLM.attention_bytes_per_layer(layout) == sglang_bytes, (kv, prefill, decode)
 
 
@@ -104,13 +105,61 @@ def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
             sglang = str(e)
         try:
             kv_layout.check_backends(kv_layout.normalize_kv_dtype(kv), kv_layout.Backends(prefill, decode, False),
-                                     hip=hip, q8_prefill=True)
+                                     hip=hip, q8_prefill=True, nope_q8=False)
             ours = None
         except kv_layout.BackendRefused as e:
             ours = str(e)
         assert ours == sglang, (kv, prefill, decode)
         refused += sglang is not None
     assert refused > 0 or hip
+
+
+def patched_check(root, monkeypatch):
+    """_check_dsa_backend_constraints after the series, with the q8 predicate it imports."""
+    q8 = lift("srt/configs/model_config.py", "is_q8_raw_fp8_nope_layout", {}, root=root)
+    fake_modules(monkeypatch, {"sglang.srt.configs.model_config": {"is_q8_raw_fp8_nope_layout": q8}})
+    return lift("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints",
+                {"logger": logging.getLogger("sglang-lifted")}, root=root)
+
+
+@pytest.mark.parametrize("rope", [0, 64])
+def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
+    """The series admits q8 prefill + tilelang decode over the raw pool for NoPE MLA only; the plan
+    agrees on what is refused (its text leads SGLang's) and on the row width (patched calculate_mla_kv_cache_dim)."""
+    check = patched_check(patched_root, monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    q8 = sys.modules["sglang.srt.configs.model_config"].is_q8_raw_fp8_nope_layout
+    ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"), "_is_hip": False,
+          "torch": torch, "is_q8_raw_fp8_nope_layout": q8,
+          "DSATokenToKVPool": NS(quant_block_size=128, rope_storage_dtype=torch.bfloat16)}
+    dim_of = lift(KVC, "calculate_mla_kv_cache_dim", ns, root=patched_root)
+    geometry = model_geometry.from_config({**json_preset(), "qk_rope_head_dim": rope}, name="t")
+    model = NS(hf_config=None, kv_lora_rank=512, qk_rope_head_dim=rope)
+    prefills = ("tilelang", "flashmla_sparse_q8", "flashmla_sparse", "flashmla_kv", "trtllm")
+    decodes = ("tilelang", "flashmla_sparse", "flashmla_kv", "trtllm")
+    admitted_q8 = 0
+    for prefill, decode in itertools.product(prefills, decodes):
+        b = kv_layout.Backends(prefill, decode, False)
+        nope_q8 = kv_layout.q8_raw_nope(b, kv_lora_rank=512, qk_rope_head_dim=rope)
+        try:
+            check("fp8_e4m3", prefill, decode, hip=False, kv_lora_rank=512, qk_rope_head_dim=rope)
+            sglang = None
+        except ValueError as e:
+            sglang = str(e)
+        try:
+            kv_layout.check_backends("fp8_e4m3", b, hip=False, q8_prefill=True, nope_q8=nope_q8)
+            ours = None
+        except kv_layout.BackendRefused as e:
+            ours = str(e)
+        assert (ours is None) == (sglang is None), (prefill, decode, sglang)
+        assert sglang is None or sglang.startswith(ours), (prefill, decode)
+        if sglang is None:
+            ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
+            layout = kv_layout.kv_layout("fp8_e4m3", b, hip=False, nope_q8=nope_q8)
+            assert geometry.attention_bytes_per_layer(layout) == dim_of(model_config=model,
+                                                                        kv_cache_dtype=torch.float8_e4m3fn)
+            admitted_q8 += prefill == "flashmla_sparse_q8" and decode == "tilelang"
+    assert admitted_q8 == (1 if rope == 0 else 0)
 
 
 def test_boot_gate_message_is_sglangs(monkeypatch):
