@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "dsaops.sglang_patches.cli",
     "dsaops.healthchecks.cli",
     "dsaops.deploy",
+    "dsaops.image",
 )
 
 

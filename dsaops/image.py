@@ -1,0 +1,296 @@
+"""`dsaops image plan|build --arch T`: the serving image's build, composed from the targets table.
+
+`make image-plan` / `make image` call this. Every target fact (base image, platform, arch
+list, fp8 dtype, whether the base carries SGLang) comes from dsaops/targets.toml; the SGLang
+pin and the patch-series hash come from the patch tool; nothing is copied into a bake file.
+The build context is a staged folder (default images/context/, ignored by git) holding the
+two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLang.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGES = REPO / "images"
+DOCKERFILE = IMAGES / "Dockerfile"
+IMAGE_NAME = "dsaops/sglang"
+STAGES = ("python", "engine", "patched", "app", "kernels", "runtime")
+_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}  # docker platform -> wheel/uname machine
+
+
+@dataclass
+class Plan:
+    target: object  # dsaops.targets.Target
+    image: str
+    context: Path
+    build_args: dict[str, str]
+    commands: list[list[str]]
+    notes: list[str]
+
+
+def _user_error(message: str) -> Exception:
+    from dsaops.cli import UserError
+
+    return UserError(message)
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _target(name: str):
+    from dsaops import targets
+
+    if not name:
+        raise _user_error(f"ARCH= (--arch) is required; valid targets: {', '.join(targets.table())}")
+    return targets.get(name)
+
+
+def _host_platform() -> str:
+    machine = platform.machine()
+    return next((p for p, m in _ARCH.items() if m == machine or p.endswith(machine)), f"linux/{machine}")
+
+
+def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Dockerfile's build arguments for `target`; `extra` adds or overrides (e.g. a local base)."""
+    from dsaops import __version__
+    from dsaops.sglang_patches.apply import SGLANG_PIN
+    from dsaops.sglang_patches.series import load
+
+    args = {
+        "BASE_IMAGE": target.base_image,
+        "BASE_CARRIES_SGLANG": "true" if target.base_carries_sglang else "false",
+        "SGLANG_VERSION": SGLANG_PIN,
+        "PATCH_SERIES_SHA256": load().sha256,
+        "DSAOPS_TARGET": target.name,
+        "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
+        "PYTORCH_ROCM_ARCH": target.gpu_arch if target.vendor == "amd" else "",
+        "FP8_DTYPE": target.fp8_dtype,
+        "DSAOPS_VERSION": __version__,
+        "SOURCE_URL": _git("remote", "get-url", "origin"),
+        "REVISION": _git("describe", "--always", "--dirty", "--abbrev=40"),
+        "CREATED": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    return args | (extra or {})
+
+
+def detect_builder() -> str:
+    """`buildx` where the docker CLI has the plugin, else `docker` (plain `docker build`)."""
+    if not shutil.which("docker"):
+        return "docker"
+    found = subprocess.run(["docker", "buildx", "version"], capture_output=True, timeout=60)
+    return "buildx" if found.returncode == 0 else "docker"
+
+
+def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, builder: str = "auto",
+         context: Path | None = None, stage: str = "runtime", extra_args: dict[str, str] | None = None,
+         offline: bool = False) -> Plan:
+    """The exact commands `dsaops image build` runs; raises on a bad target or option."""
+    from dsaops.sglang_patches.apply import SGLANG_PIN
+
+    target = _target(name)
+    if push and not registry:
+        raise _user_error("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
+                          f"without it the push would go to Docker Hub's {IMAGE_NAME}")
+    if stage not in STAGES:
+        raise _user_error(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
+    image = f"{repo_name}:{tag or f'{SGLANG_PIN}-{target.name}'}"
+    context = Path(context or IMAGES / "context")
+    args = build_args(target, extra_args)
+    builder = detect_builder() if builder == "auto" else builder
+
+    cmd = ["docker", "buildx", "build"] if builder == "buildx" else ["docker", "build"]
+    cmd += ["--platform", target.platform, "--file", str(DOCKERFILE), "--target", stage]
+    if offline:  # RUN steps get no network: proves the stages built need none
+        cmd += ["--network", "none"]
+    for key, value in args.items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    cmd += ["--tag", image]
+    commands = []
+    if builder == "buildx":
+        commands.append([*cmd, "--push" if push else "--load", str(context)])
+    else:
+        commands.append([*cmd, str(context)])
+        if push:
+            commands.append(["docker", "push", image])
+
+    notes = []
+    if target.platform != _host_platform():
+        notes.append(f"this host is {_host_platform()}: building {target.platform} runs every RUN step under QEMU "
+                     f"emulation (hours, and binfmt_misc must be set up); build on a {target.platform} machine "
+                     f"instead (for sm_121: on the DGX Spark itself)")
+    return Plan(target, image, context, args, commands, notes)
+
+
+_FLAGS = {"--push", "--load"}  # options without a value
+
+
+def shell_lines(cmd: list[str]) -> str:
+    """One command as copy-pastable shell: each option and its value on a line of its own."""
+    parts, i = [], 0
+    while i < len(cmd) and not cmd[i].startswith("--"):
+        i += 1
+    parts.append(shlex.join(cmd[:i]))
+    while i < len(cmd):
+        takes_value = cmd[i].startswith("--") and cmd[i] not in _FLAGS and i + 1 < len(cmd)
+        parts.append(shlex.join(cmd[i:i + 2] if takes_value else cmd[i:i + 1]))
+        i += 2 if takes_value else 1
+    return " \\\n    ".join(parts)
+
+
+def render(p: Plan) -> str:
+    t = p.target
+    sglang = "empty: the base carries SGLang" if t.base_carries_sglang else \
+        f"the sglang cp{t.image_python.replace('.', '')} {_ARCH.get(t.platform, t.platform)} wheel"
+    lines = [
+        f"# dsaops image plan: {t.name} ({t.description})",
+        f"#   platform  {t.platform}",
+        f"#   base      {t.base_image}",
+        f"#   image     {p.image}",
+        f"#   context   {p.context}: entrypoint.sh, dsaops/ (the project's wheel), sglang/ ({sglang})",
+        *(f"# note: {n}" for n in p.notes),
+    ]
+    return "\n".join(lines + [shell_lines(cmd) for cmd in p.commands])
+
+
+def check_engine() -> None:
+    """Raise UserError unless a docker CLI is installed and its engine answers."""
+    if not shutil.which("docker"):
+        raise _user_error("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
+                          "and its buildx plugin, then run `make image` again")
+    try:
+        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        out = None
+    if out is None or out.returncode != 0:
+        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        said = (out.stderr.strip().splitlines() or [""])[-1] if out else "no answer within 60 s"
+        raise _user_error(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
+                          "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
+
+
+def _pip(*args: str, env: dict | None = None) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
+
+
+def sglang_wheel_for(target, pin: str) -> Path:
+    """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache."""
+    machine = _ARCH[target.platform]
+    py = target.image_python.replace(".", "")
+    wheels = Path(os.environ.get("DSAOPS_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
+                  / "dsaops") / "wheels"
+    pattern = f"sglang-{pin}-cp{py}-cp{py}-*_{machine}.whl"
+    found = sorted(wheels.glob(pattern))
+    if not found:
+        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
+             "--python-version", target.image_python, "--platform", f"manylinux_2_34_{machine}",
+             f"sglang=={pin}", "-d", str(wheels))
+        found = sorted(wheels.glob(pattern))
+    if not found:
+        raise _user_error(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
+    return found[-1]
+
+
+def source_files() -> list[str]:
+    """The project's files as git sees them (tracked and new, not ignored): what goes into the wheel."""
+    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    if not listed:
+        raise _user_error(f"{REPO} is not a git checkout: build the image from a clone of the repository")
+    return [f for f in listed.split("\0") if f and (REPO / f).is_file()]
+
+
+def build_wheel(dest: Path) -> Path:
+    """The project's wheel, built from a clean copy of its sources (a stale build/ folder cannot leak in)."""
+    import tempfile
+
+    # A fixed timestamp makes the wheel identical for identical sources, so Docker's layer cache holds.
+    env = os.environ | {"SOURCE_DATE_EPOCH": _git("log", "-1", "--format=%ct") or "315532800"}
+    with tempfile.TemporaryDirectory(prefix="dsaops-src-") as tmp:
+        for rel in source_files():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, Path(tmp) / rel)
+        _pip("wheel", "-q", "--no-deps", "-w", str(dest), tmp, env=env)
+    return next(dest.glob("dsaops-*.whl"))
+
+
+def stage_context(context: Path, sglang_wheel: Path | None) -> None:
+    """Fill the build context: the entrypoint, the project's wheel, and the SGLang wheel (if any)."""
+    shutil.rmtree(context, ignore_errors=True)
+    (context / "sglang").mkdir(parents=True)
+    shutil.copy2(IMAGES / "entrypoint.sh", context / "entrypoint.sh")
+    build_wheel(context / "dsaops")
+    if sglang_wheel:
+        shutil.copy2(sglang_wheel, context / "sglang" / sglang_wheel.name)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("image", help="plan or build the serving image for a target (make image ARCH=...)",
+                       description=__doc__.splitlines()[0])
+    p.set_defaults(func=lambda args: p.print_help() or 2)
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    for action, text in (("plan", "print the exact build command and its arguments; builds nothing"),
+                         ("build", "stage the build context and run the build")):
+        a = actions.add_parser(action, help=text, description=text)
+        a.add_argument("--arch", required=True, metavar="TARGET", help="sm_90, sm_121 or gfx942")
+        a.add_argument("--tag", default="", help="image tag (default: <sglang pin>-<target>)")
+        a.add_argument("--registry", default="", help="registry/namespace prefix for the image name")
+        a.add_argument("--push", action="store_true", help="push the image (needs --registry)")
+        a.add_argument("--builder", choices=("auto", "buildx", "docker"), default="auto",
+                       help="`docker buildx build` or plain `docker build` (default: buildx where installed)")
+        a.add_argument("--stage", choices=STAGES, default="runtime", help="last Dockerfile stage to build")
+        a.add_argument("--context", type=Path, help="build context folder (default: images/context)")
+        a.add_argument("--offline", action="store_true",
+                       help="RUN steps without network (for stages whose base already has what they need)")
+        a.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE",
+                       help="add or override a build argument (e.g. a locally made BASE_IMAGE)")
+        if action == "build":
+            a.add_argument("--sglang-wheel", type=Path, help="use this SGLang wheel instead of downloading one")
+        a.set_defaults(func=run)
+
+
+def _parse_build_args(pairs: list[str]) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise _user_error(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def run(args) -> int:
+    p = plan(args.arch, tag=args.tag, registry=args.registry, push=args.push, builder=args.builder,
+             context=args.context, stage=args.stage, extra_args=_parse_build_args(args.build_arg),
+             offline=args.offline)
+    if args.action == "plan":
+        print(render(p))
+        return 0
+    check_engine()
+    for note in p.notes:
+        print(f"dsaops image: note: {note}", file=sys.stderr)
+    wheel = None
+    if not p.target.base_carries_sglang:
+        wheel = args.sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
+        if not wheel.is_file():
+            raise _user_error(f"--sglang-wheel {wheel}: no such file")
+    stage_context(p.context, wheel)
+    for cmd in p.commands:
+        print("+ " + shlex.join(cmd), file=sys.stderr)
+        rc = subprocess.run(cmd).returncode
+        if rc:
+            print(f"dsaops image: `{shlex.join(cmd[:3])}` failed (exit {rc}); the log above says where",
+                  file=sys.stderr)
+            return rc
+    print(f"built {p.image}")
+    return 0

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The image's entrypoint: `docker run IMAGE <sglang.launch_server args...>`.
+#
+# Starts SGLang with its output appended to $DSAOPS_LOG_FILE (and shown by `docker logs`),
+# and, unless DSAOPS_EXPORTER=0, the dsaops exporter beside it, following that log.
+# SIGTERM/SIGINT (`docker stop`) go to SGLang, which shuts down cleanly; the exporter is
+# stopped after SGLang has exited, and the container exits with SGLang's status.
+# A first argument that is not an option runs as a command instead (`docker run IMAGE bash`).
+set -uo pipefail
+
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+    exec "$@"
+fi
+
+log=${DSAOPS_LOG_FILE:-/var/log/dsaops/sglang.log}
+port=${DSAOPS_SERVER_PORT:-30000}
+# The module is a setting only so the entrypoint can be exercised where SGLang cannot serve (CI).
+module=${DSAOPS_SERVER_MODULE:-sglang.launch_server}
+
+# The health check and the exporter reach SGLang on DSAOPS_SERVER_PORT: one port, one setting.
+given=""
+prev=""
+for arg in "$@"; do
+    case $arg in
+        --port=*) given=${arg#--port=} ;;
+        *) [ "$prev" = --port ] && given=$arg ;;
+    esac
+    prev=$arg
+done
+if [ -z "$given" ]; then
+    set -- "$@" --port "$port"
+elif [ "$given" != "$port" ]; then
+    echo "dsaops-entrypoint: --port $given differs from DSAOPS_SERVER_PORT=$port, which the health check" \
+         "and the exporter use; run with -e DSAOPS_SERVER_PORT=$given (or drop --port)" >&2
+    exit 2
+fi
+
+if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
+    echo "dsaops-entrypoint: cannot write DSAOPS_LOG_FILE=$log; mount a writable folder there or set it elsewhere" >&2
+    exit 2
+fi
+
+python3 -m "$module" "$@" > >(tee -a "$log") 2>&1 &
+server=$!
+
+exporter=""
+if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
+    dsaops exporter --server-url "http://127.0.0.1:$port" --log-file "$log" \
+        --listen "${DSAOPS_EXPORTER_LISTEN:-0.0.0.0:9860}" --node "${DSAOPS_NODE:-$(hostname)}" &
+    exporter=$!
+fi
+
+trap 'kill -TERM "$server" 2>/dev/null' TERM INT
+# `wait` returns early when a trapped signal arrives: keep waiting until SGLang has exited.
+while :; do
+    wait "$server"
+    status=$?
+    kill -0 "$server" 2>/dev/null || break
+done
+
+if [ -n "$exporter" ]; then
+    kill -TERM "$exporter" 2>/dev/null
+    wait "$exporter"
+fi
+exit "$status"

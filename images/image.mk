@@ -1,0 +1,17 @@
+# Images: `make image ARCH=sm_121` builds the serving image; `make image-plan` prints the command.
+# Both run `dsaops image`, which takes every target fact from dsaops/targets.toml. No venv is
+# required: without .venv the system python3 (>= 3.11, with pip) runs the source checkout.
+ARCH ?=
+TAG ?=
+REGISTRY ?=
+PUSH ?=
+IMAGE_PY := $(if $(wildcard $(PY)),$(PY),PYTHONPATH=. $(PYTHON))
+IMAGE_OPTS = --arch "$(ARCH)" $(if $(TAG),--tag "$(TAG)") $(if $(REGISTRY),--registry "$(REGISTRY)") \
+	$(if $(filter 1 yes true,$(PUSH)),--push)
+
+.PHONY: image image-plan
+image: ## build the serving image for ARCH=sm_90|sm_121|gfx942 (TAG=, REGISTRY=, PUSH=1)
+	@$(IMAGE_PY) -m dsaops image build $(IMAGE_OPTS)
+
+image-plan: ## print the exact image build command for ARCH= without building
+	@$(IMAGE_PY) -m dsaops image plan $(IMAGE_OPTS)
