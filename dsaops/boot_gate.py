@@ -35,10 +35,10 @@ class GateResult:
 
 
 def docker_command(image: str, *, model_path: str, name: str, docker_args: list[str], sglang_args: list[str]) -> list[str]:
-    """`docker run IMAGE <launch_server args>` (the image contract), the gate flags added;
-    the entrypoint's log goes to the container's stdout so the refusal can be read live."""
+    """`docker run IMAGE <launch_server args>` (the image contract), the gate flags added; the
+    entrypoint tees SGLang's log to the container's stdout, where the refusal is read live."""
     return ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc", "host",
-            "-e", "DSAOPS_EXPORTER=0", "-e", "DSAOPS_LOG_FILE=/dev/stdout", *docker_args,
+            "-e", "DSAOPS_EXPORTER=0", *docker_args,
             image, "--model-path", model_path, *GATE_ARGS, *sglang_args]
 
 
