@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
     h.add_argument("--server-url", required=True, help="SGLang's HTTP address, e.g. http://127.0.0.1:30000")
     h.add_argument("--expect-ranks", type=int, help="scheduler ranks that must be alive on this node")
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for /health (default 3)")
+    h.add_argument("--container", help="also ask the Docker Engine about this container (a check run on the host)")
+    h.add_argument("--docker-url", help="the Docker Engine's address (default: $DOCKER_HOST or the local socket)")
     h.set_defaults(func=run_healthcheck)
 
 

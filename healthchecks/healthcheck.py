@@ -2,7 +2,8 @@
 
 SGLang's /health generates one token and may wait 20 s before answering 503, and on a
 worker node it is a dummy that always answers 200: so the check has its own short timeout
-and, with --expect-ranks, also counts the scheduler processes on this node.
+and, with --expect-ranks, also counts the scheduler processes on this node. Run from the host,
+--container adds the Docker Engine's word (restarting, exited, OOMKilled).
 """
 from __future__ import annotations
 
@@ -24,7 +25,28 @@ def live_ranks() -> list[str]:
     return sorted(ranks)
 
 
-def check(server_url: str, expect_ranks: int | None, timeout: float) -> list[str]:
+def container_problems(name: str, docker_url: str | None, timeout: float) -> list[str]:
+    """What the Docker Engine says is wrong with the container SGLang runs in (a host-side check)."""
+    import docker
+    import requests.exceptions
+
+    try:
+        client = docker.DockerClient(base_url=docker_url, timeout=timeout) if docker_url else docker.from_env(
+            timeout=timeout)
+        attrs = client.api.inspect_container(name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        return [f"container {name}: the Docker Engine did not say ({e})"]
+    state, problems = attrs["State"], []
+    if state.get("Restarting") or not state.get("Running"):
+        problems.append(f"container {name} is {state.get('Status')} (exit code {state.get('ExitCode')}, "
+                        f"{attrs.get('RestartCount', 0)} restarts)")
+    if state.get("OOMKilled"):
+        problems.append(f"container {name}: the OOM killer ended its last run")
+    return problems
+
+
+def check(server_url: str, expect_ranks: int | None, timeout: float, container: str | None = None,
+          docker_url: str | None = None) -> list[str]:
     """The problems found; empty when healthy."""
     problems = []
     url = server_url.rstrip("/") + "/health"
@@ -40,6 +62,8 @@ def check(server_url: str, expect_ranks: int | None, timeout: float) -> list[str
         ranks = live_ranks()
         if len(ranks) < expect_ranks:
             problems.append(f"{len(ranks)} of {expect_ranks} scheduler ranks alive on this node ({', '.join(ranks) or 'none'})")
+    if container:
+        problems += container_problems(container, docker_url, timeout)
     return problems
 
 
@@ -50,7 +74,7 @@ def run(args) -> int:
         raise UserError("--expect-ranks must be at least 1 (the scheduler ranks this node runs)")
     if not 0 < args.timeout <= 4:
         raise UserError("--timeout must be in (0, 4] seconds: a HEALTHCHECK answer is due within 5 s")
-    problems = check(args.server_url, args.expect_ranks, args.timeout)
+    problems = check(args.server_url, args.expect_ranks, args.timeout, args.container, args.docker_url)
     for p in problems:
         print(f"unhealthy: {p}", file=sys.stderr)
     if not problems:

@@ -95,17 +95,35 @@ class LogFollower:
         self._partial, self._skipping = b"", False
 
     def _feed(self, data: bytes) -> None:
-        lines = data.split(b"\n")
-        lines[0] = self._partial + lines[0]
-        self._partial = lines.pop()
-        for raw in lines:
-            if self._skipping:
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._partial += data
+        else:
+            block, rest = self._partial + data[:cut], data[cut + 1:]
+            self._partial = b""
+            if self._skipping:  # the tail of an over-long line
+                block = block.partition(b"\n")[2]
                 self._skipping = False
-                continue
-            self._line(raw)
+            self._block(block)
+            self._partial = rest
         if len(self._partial) > MAX_LINE:
             self.errors.inc("log")
             self._partial, self._skipping = b"", True
+
+    def _block(self, block: bytes) -> None:
+        """Complete lines. Clean text (the usual case) is searched whole for the few lines that
+        matter, in C; a block with garbage in it goes line by line so only the bad lines are lost."""
+        if b"\x00" not in block:
+            try:
+                text = block.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+            else:
+                for line in self.state.interesting(text):
+                    self.state.feed(line)
+                return
+        for raw in block.split(b"\n"):
+            self._line(raw)
 
     def _line(self, raw: bytes) -> None:
         if len(raw) > MAX_LINE or b"\x00" in raw:

@@ -81,6 +81,18 @@ class LogState:
     events: dict = field(default_factory=lambda: {"sigquit": 0, "health_check_failed": 0, "sigterm": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @staticmethod
+    def interesting(text: str):
+        """The lines of `text` (many lines) that may teach something, each once."""
+        end = -1
+        for m in _KEYWORDS.finditer(text):
+            if m.start() <= end:  # another keyword on a line already handed out
+                continue
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            end = len(text) if end < 0 else end
+            yield text[start:end].rstrip("\r")
+
     def feed(self, line: str) -> None:
         """Apply one line. Most lines teach nothing: one keyword scan rejects them cheaply."""
         if not _KEYWORDS.search(line):

@@ -6,6 +6,9 @@ the background, because nothing in SGLang reliably reports a dead rank: the head
 watchdog logs only the first child it finds dead, a worker node's launcher joins its
 schedulers in order, and /health can stay 200 for minutes.
 
+Every `scan_interval` seconds all of /proc is scanned for new schedulers; between scans only
+the known ones are checked, every `interval` seconds.
+
 A vanished rank is a death when its server still ran (its launcher and a sibling rank
 alive, and no clean stop in the log) or when the watchdog's "crashed" line names its pid.
 Vanishing together with its launcher or all its siblings, or after `SIGTERM received`, is a
@@ -17,6 +20,7 @@ log line are one death: they are tied by pid.
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import time
@@ -29,6 +33,20 @@ from dsaops.healthchecks.oom import KernelOomRecords, cgroup_of, cgroup_oom_kill
 
 TITLE = re.compile(r"^sglang::scheduler(?:_(\S+))?$")
 COMM_PREFIX = "sglang::schedul"  # setproctitle also sets comm, cut to 15 bytes: cheap to scan
+
+
+def _stat(proc_root: str, pid: int) -> tuple[str, str, str]:
+    """(comm, "live"|"zombie"|"gone", start ticks) from /proc/PID/stat."""
+    try:
+        with open(f"{proc_root}/{pid}/stat", "rb") as f:
+            raw = f.read().decode(errors="replace")
+    except OSError:
+        return "", "gone", ""
+    comm = raw[raw.find("(") + 1:raw.rfind(")")]
+    fields = raw[raw.rfind(")") + 2:].split()
+    if len(fields) < 20:
+        return comm, "gone", ""
+    return comm, "zombie" if fields[0] in "ZX" else "live", fields[19]
 
 
 def rank_of_title(title: str) -> str | None:
@@ -44,23 +62,29 @@ class Scheduler:
     pid: int
     rank: str
     launcher: int
-    started: float
+    started: float   # epoch seconds, to compare with log line times
+    ticks: str       # start time in clock ticks (/proc/PID/stat): tells a reused pid apart
     cgroup: str | None
-    oom_kills: int | None = None
 
 
 @dataclass
 class _Vanished:
     proc: Scheduler
+    seen: float
     deadline: float
     server_ran: bool
 
 
 class ProcessWatcher:
     def __init__(self, errors: ErrorCounts, log: LogState | None = None, kmsg: KernelOomRecords | None = None,
-                 interval: float = 1.0, grace: float = 3.0, cgroup_root: str = "/sys/fs/cgroup"):
+                 interval: float = 1.0, scan_interval: float = 5.0, grace: float = 3.0,
+                 cgroup_root: str = "/sys/fs/cgroup", proc_root: str = "/proc"):
         self.errors, self.log, self.kmsg = errors, log, kmsg
-        self.interval, self.grace, self.cgroup_root = interval, grace, cgroup_root
+        self.interval, self.scan_interval, self.grace = interval, scan_interval, grace
+        self.cgroup_root, self.proc_root = cgroup_root, proc_root
+        self._next_scan = 0.0
+        self._oom_counts: dict[str, int | None] = {}   # cgroup -> oom_kill at the last poll
+        self._oom_grew_at: dict[str, float] = {}       # cgroup -> when that count last grew
         self.live: dict[int, Scheduler] = {}
         self._vanished: list[_Vanished] = []
         self._lock = threading.Lock()
@@ -88,7 +112,11 @@ class ProcessWatcher:
 
     def poll(self) -> None:
         now = time.monotonic()
-        seen = self._scan()
+        if now >= self._next_scan:
+            seen = self._scan()
+            self._next_scan = now + self.scan_interval
+        else:  # between scans only the known ranks are checked: a death is still seen within a poll
+            seen = {pid: s for pid, s in self.live.items() if _stat(self.proc_root, pid)[1:] == ("live", s.ticks)}
         gone = [s for pid, s in self.live.items() if pid not in seen]
         for pid, sched in seen.items():
             if pid not in self.live:
@@ -101,46 +129,56 @@ class ProcessWatcher:
             del self.live[sched.pid]
         for sched in gone:
             siblings = [s for s in self.live.values() if s.launcher == sched.launcher]
-            self._vanished.append(_Vanished(sched, now + self.grace, bool(siblings) and psutil.pid_exists(sched.launcher)))
-        self._refresh_oom_baselines()
+            server_ran = bool(siblings) and psutil.pid_exists(sched.launcher)
+            self._vanished.append(_Vanished(sched, now, now + self.grace, server_ran))
+        self._refresh_oom_counts(now)
         self._vanished = [v for v in self._vanished if not self._settle(v, now)]
 
     def _scan(self) -> dict[int, Scheduler]:
+        """Every process whose comm says scheduler; /proc/PID/stat alone for the rest (psutil
+        for every process costs about 1% of a core at one poll a second)."""
         seen = {}
-        for p in psutil.process_iter(["name", "status"]):
-            if not (p.info["name"] or "").startswith(COMM_PREFIX) or p.info["status"] == psutil.STATUS_ZOMBIE:
+        for entry in os.scandir(self.proc_root):
+            if not entry.name.isdigit():
                 continue
-            known = self.live.get(p.pid)
+            pid = int(entry.name)
+            comm, state, ticks = _stat(self.proc_root, pid)
+            if state != "live" or not comm.startswith(COMM_PREFIX):
+                continue
+            known = self.live.get(pid)
+            if known and known.ticks == ticks:
+                seen[pid] = known
+                continue
             try:
-                started = p.create_time()
-                if known and known.started == started:
-                    seen[p.pid] = known
-                    continue
+                p = psutil.Process(pid)
                 rank = rank_of_title(" ".join(p.cmdline()))
-                launcher = p.ppid()
+                launcher, started = p.ppid(), p.create_time()
             except (psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
             except psutil.AccessDenied:
                 self.errors.inc("processes")
                 continue
             if rank is not None:
-                seen[p.pid] = Scheduler(p.pid, rank, launcher, started, cgroup_of(p.pid))
+                seen[pid] = Scheduler(pid, rank, launcher, started, ticks, cgroup_of(pid, self.proc_root))
         return seen
 
-    def _refresh_oom_baselines(self) -> None:
-        counts: dict[str, int | None] = {}
-        for s in self.live.values():
-            if s.cgroup is not None:
-                if s.cgroup not in counts:
-                    counts[s.cgroup] = cgroup_oom_kills(s.cgroup, self.errors, self.cgroup_root)
-                s.oom_kills = counts[s.cgroup]
+    def _refresh_oom_counts(self, now: float) -> None:
+        """Note when each watched cgroup's oom_kill count last grew: the kernel counts the kill a
+        moment before the victim is gone, so a poll may see the two apart."""
+        groups = {s.cgroup for s in self.live.values()} | {v.proc.cgroup for v in self._vanished}
+        for group in groups - {None}:
+            count = cgroup_oom_kills(group, self.errors, self.cgroup_root)
+            last = self._oom_counts.get(group)
+            if count is not None and last is not None and count > last:
+                self._oom_grew_at[group] = now
+            self._oom_counts[group] = count
 
     def _settle(self, v: _Vanished, now: float) -> bool:
         """Decide a vanished rank's fate; False while waiting (up to `grace`) for the log's word."""
         since = math.floor(v.proc.started) - 1  # log times have whole seconds
         reported = self.log.exit_of(v.proc.pid, since) if self.log else None
         if reported and reported[1]:
-            self._count(v.proc, self._refine(v.proc, cause_of_exit_code(reported[0])))
+            self._count(v.proc, self._refine(v, cause_of_exit_code(reported[0])))
             return True
         if now < v.deadline:
             return False
@@ -150,22 +188,21 @@ class ProcessWatcher:
                 if self._up.get(v.proc.rank) == 1 and not any(s.rank == v.proc.rank for s in self.live.values()):
                     del self._up[v.proc.rank]
             return True
-        cause = cause_of_exit_code(reported[0]) if reported else self._oom_cause(v.proc)
-        self._count(v.proc, self._refine(v.proc, cause))
+        cause = cause_of_exit_code(reported[0]) if reported else self._oom_cause(v)
+        self._count(v.proc, self._refine(v, cause))
         return True
 
-    def _refine(self, proc: Scheduler, cause: str) -> str:
-        if cause == "sigkill" and self._oom_cause(proc) == "oom_kill":
+    def _refine(self, v: _Vanished, cause: str) -> str:
+        if cause == "sigkill" and self._oom_cause(v) == "oom_kill":
             return "oom_kill"
         return cause
 
-    def _oom_cause(self, proc: Scheduler) -> str:
-        if self.kmsg is not None and self.kmsg.was_killed(proc.pid):
+    def _oom_cause(self, v: _Vanished) -> str:
+        if self.kmsg is not None and self.kmsg.was_killed(v.proc.pid):
             return "oom_kill"
-        if proc.cgroup is not None and proc.oom_kills is not None:
-            now = cgroup_oom_kills(proc.cgroup, self.errors, self.cgroup_root)
-            if now is not None and now > proc.oom_kills:
-                return "oom_kill"
+        grew = self._oom_grew_at.get(v.proc.cgroup)
+        if grew is not None and grew >= v.seen - 2 * self.interval:
+            return "oom_kill"
         return "unknown"
 
     def _count(self, proc: Scheduler, cause: str) -> None:

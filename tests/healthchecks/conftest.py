@@ -2,96 +2,18 @@
 SGLang 0.5.23's shape, the exporter on loopback, and one real Prometheus per session."""
 from __future__ import annotations
 
-import copy
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import threading
-import time
+import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hc_parts import FakeServer, Launcher, free_port, wait_for
 from need import need
-
-HERE = Path(__file__).parent
-
-# /server_info as 0.5.23 builds it (http_server.py server_info: resolved args, scheduler info,
-# internal_states per DP rank from internal_state.py; memory_usage from memory_usage.py), trimmed
-# to the fields that matter plus a few neighbours. 8 attention-DP ranks, 8 requested: 1 per rank.
-SERVER_INFO = {
-    "model_path": "zai-org/GLM-5.3-Flash", "tp_size": 8, "dp_size": 1, "attn_dp_size": 8,
-    "enable_dp_attention": True, "max_running_requests": 8, "context_length": 131072,
-    "kv_cache_dtype": "fp8_e4m3", "dsa_prefill_backend": "tilelang", "dsa_decode_backend": "tilelang",
-    "disable_radix_cache": False, "max_mamba_cache_size": None, "page_size": 64,
-    "max_total_num_tokens": 4922240, "max_req_input_len": 131066, "startup_time": 1764410000.0,
-    "launch_command": "python3 -m sglang.launch_server --model-path zai-org/GLM-5.3-Flash --tp 8 --attn-dp-size 8",
-    "version": "0.5.23", "frontend": "python",
-    "internal_states": [
-        {"world_size": 8, "startup_time": 1764410000.0, "effective_max_running_requests_per_dp": 1,
-         "last_gen_throughput": 0.0,
-         "memory_usage": {"weight": 51.2, "kvcache": 32.48, "startup_available": 120.0, "token_capacity": 4922240,
-                          "token_capacity_swa": None, "graph": {"decode": 1.2}}}
-        for _ in range(8)
-    ],
-}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class FakeServer:
-    """Serves /server_info and /health; tests change `info` (None: 404), `raw` (bytes served as is),
-    `health_status` and `health_delay` while it runs."""
-
-    def __init__(self):
-        self.info = copy.deepcopy(SERVER_INFO)
-        self.raw: bytes | None = None
-        self.health_status, self.health_delay = 200, 0.0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                if self.path == "/server_info" and server.info is None and server.raw is None:
-                    self._send(404, b"")  # a worker node: no /server_info
-                elif self.path == "/server_info":
-                    body = server.raw if server.raw is not None else json.dumps(server.info).encode()
-                    self._send(200, body)
-                elif self.path == "/health":
-                    time.sleep(server.health_delay)
-                    self._send(server.health_status, b"")
-                else:
-                    self._send(404, b"")
-
-            def _send(self, code, body):
-                try:
-                    self.send_response(code)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:  # the client gave up (the health check's own timeout)
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture
@@ -99,27 +21,6 @@ def fake_server():
     server = FakeServer()
     yield server
     server.close()
-
-
-class Launcher:
-    def __init__(self, titles):
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "fake_launcher.py"), *titles],
-                                     stdout=subprocess.PIPE, text=True)
-        self.pids = json.loads(self.proc.stdout.readline())
-
-    def stop(self):
-        """A clean whole-server stop."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
-
-    def kill_all(self):
-        for pid in [*self.pids, self.proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -133,16 +34,6 @@ def launcher():
     yield start
     for lch in started:
         lch.kill_all()
-
-
-def wait_for(predicate, timeout: float, step: float = 0.1):
-    """The predicate's first truthy value within `timeout` seconds, else its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 class Prometheus:
@@ -223,15 +114,3 @@ def exporter_on(request):
         server.shutdown()
         server.server_close()
         exp.stop()
-
-
-def scrape(url: str) -> dict[str, float]:
-    """The exposition as {'name{labels}': value}, labels in the exporter's order."""
-    with urllib.request.urlopen(url, timeout=5) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out

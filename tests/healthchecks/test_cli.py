@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 
-from conftest import free_port, scrape, wait_for
+from hc_parts import free_port, scrape, wait_for
 
 
 def dsaops(*args, timeout=30):

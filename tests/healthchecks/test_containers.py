@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 from dsaops.healthchecks.containers import ContainerCollector
 from dsaops.healthchecks.metrics import ErrorCounts, Families
+from hc_parts import exposition, wait_for
 from need import need
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -61,12 +61,7 @@ def collect(names, url, errors=None):
     errors = errors or ErrorCounts()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ContainerCollector(names, errors, Families("n1"), base_url=url))
-    out = {}
-    for line in generate_latest(registry).decode().splitlines():
-        if not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out, errors
+    return exposition(generate_latest(registry).decode()), errors
 
 
 def test_restart_loop_exit_code_and_oom(dockerd):
@@ -95,3 +90,12 @@ def test_missing_container_and_dead_engine_are_counted(dockerd, tmp_path):
     assert errors.counts()["docker"] == 1 and not any("no-such-container" in k for k in out)
     out, errors = collect(["calm"], f"unix://{tmp_path}/nothing.sock")
     assert errors.counts()["docker"] == 1
+
+
+def test_healthcheck_asks_the_engine(dockerd, fake_server):
+    from dsaops.healthchecks.healthcheck import check
+
+    assert check(fake_server.url, None, 3, "calm", dockerd["url"]) == []
+    assert any("restarting" in p or "exited" in p for p in check(fake_server.url, None, 3, "loop", dockerd["url"]))
+    assert any("OOM killer" in p for p in check(fake_server.url, None, 3, "oom", dockerd["url"]))
+    assert any("did not say" in p for p in check(fake_server.url, None, 3, "gone", dockerd["url"]))

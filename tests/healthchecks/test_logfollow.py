@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 
 import sglang_lines as L
-from conftest import wait_for
 from dsaops.healthchecks.logfollow import MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
+from hc_parts import wait_for
 
 
 def follower(path):

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 import sglang_lines as L
-from conftest import wait_for
 from dsaops.healthchecks.logfollow import LogFollower
 from dsaops.healthchecks.logparse import CAUSES, LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.oom import KernelOomRecords
 from dsaops.healthchecks.processes import ProcessWatcher
+from hc_parts import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 
 
 @pytest.fixture
 def watched(tmp_path):
-    """A watcher (0.2 s poll, 1.5 s grace) over a followed log, a kernel-log file and a cgroup tree."""
+    """A watcher (0.2 s poll, 0.5 s scan, 1.5 s grace) over a followed log, a kernel-log file and a cgroup tree."""
     log, errors = LogState(), ErrorCounts()
     path = tmp_path / "sglang.log"
     path.write_text("")
@@ -30,7 +30,8 @@ def watched(tmp_path):
     kmsg_path.write_bytes(b"")
     follower = LogFollower(str(path), log, errors, poll=0.05).start()
     kmsg = KernelOomRecords(errors, str(kmsg_path), retry_s=0)
-    watcher = ProcessWatcher(errors, log, kmsg, interval=0.2, grace=1.5, cgroup_root=str(tmp_path / "cgroup")).start()
+    watcher = ProcessWatcher(errors, log, kmsg, interval=0.2, scan_interval=0.5, grace=1.5,
+                             cgroup_root=str(tmp_path / "cgroup")).start()
     watcher.paths = {"log": path, "kmsg": kmsg_path}
     watcher.errors = errors
     yield watcher

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 import sglang_lines as L
-from conftest import scrape, wait_for
 from dsaops.healthchecks.exporter import Config
+from hc_parts import scrape, wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 

@@ -9,6 +9,7 @@ import sglang_lines as L
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, kv_layout, read_plan
+from hc_parts import exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dsaops.cli import UserError
@@ -20,12 +21,7 @@ def metrics(fake_server, log: LogState | None = None, planned=None):
     poller.poll()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerInfoCollector(poller, log, Families("n1"), planned))
-    out = {}
-    for line in generate_latest(registry).decode().splitlines():
-        if not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out, errors
+    return exposition(generate_latest(registry).decode()), errors
 
 
 def capped(out, dp="0"):
