@@ -4,6 +4,7 @@ Cached under $DSAOPS_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/dsaops): a fresh
 fills it, a later run reuses it. The unpacked tree is read-only by convention: a test that
 changes files copies it first (`pristine_copy`).
 """
+import contextlib
 import fcntl
 import os
 import shutil
@@ -22,10 +23,12 @@ def cache_dir() -> Path:
     return path
 
 
+@contextlib.contextmanager
 def _locked(name: str):
-    lock = open(cache_dir() / f".{name}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    return lock
+    """One process at a time fills the cache (pytest-xdist workers, parallel runs)."""
+    with open(cache_dir() / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def sglang_wheel() -> Path:

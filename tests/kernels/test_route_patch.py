@@ -3,15 +3,14 @@ wheel and reverts byte for byte, and the routing it adds runs, lifted out of the
 dsa_backend on CPU needs ~55 packages) with stand-ins for the two kernels."""
 import ast
 import hashlib
-import importlib.util
 import logging
 import os
 import sys
 import types
-from pathlib import Path
 
 import dsaops.kernels
 import pytest
+import sglang_lift
 import torch
 from dsaops.kernels import reference
 from dsaops.sglang_patches import apply as tree
@@ -23,10 +22,6 @@ import dsaops
 PATCH = "0006-route-raw-fp8-decode-to-dsaops-kernels.patch"
 BACKEND = "sglang/srt/layers/attention/dsa_backend.py"
 TILELANG_MODULE = "sglang.kernels.ops.attention.dsa.tilelang_kernel"
-# The patches area's lifter: compiles named definitions out of a source file without importing it.
-_spec = importlib.util.spec_from_file_location("sglang_lift", Path(__file__).parents[1] / "patches" / "sglang_lift.py")
-sglang_lift = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sglang_lift)
 
 
 def digests(root, rels):

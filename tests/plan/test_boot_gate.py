@@ -34,13 +34,13 @@ def test_sglangs_own_validation_refuses_and_passes(tmp_path, capsys):
     SGLang's exception, traceback and exit code, not a copy of its text."""
     launch = script(tmp_path, "launch", f"""
         import sys
-        sys.path[:0] = [{str(TESTS)!r}, {str(TESTS / 'plan')!r}]
+        sys.path[:0] = [{str(TESTS)!r}]
         import torch
-        from plan_sglang_lift import lift
+        from sglang_lift import define
         flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
         print("[2026-11-29 14:00:00] server_args=...", flush=True)
         torch.cuda.get_device_capability = lambda *a: (9, 0)
-        check = lift("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {{}})
+        check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {{}})
         check(flags["--kv-cache-dtype"], flags["--dsa-prefill-backend"], flags["--dsa-decode-backend"], hip=False)
         print("The server is fired up and ready to roll!", flush=True)
         """) + " " + " ".join(boot_gate.GATE_ARGS)

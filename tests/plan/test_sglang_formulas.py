@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
-from plan_sglang_lift import fake_modules, lift, value
+from sglang_lift import define, fake_modules, value
 
 from dsaops import concurrency, kv_budget, kv_layout, model_geometry
 
@@ -24,8 +24,8 @@ def _ratio_fn():
     ns = {name: value(KVC, name) for name in ("MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO",
                                               "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
                                               "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER")}
-    lift("srt/mem_cache/allocation_sizing.py", "get_mamba_tracking_slots", ns)
-    return ns, lift(KVC, "KVCacheConfigurator._calculate_mamba_ratio", ns)
+    define("srt/mem_cache/allocation_sizing.py", "get_mamba_tracking_slots", ns)
+    return ns, define(KVC, "KVCacheConfigurator._calculate_mamba_ratio", ns)
 
 
 def _set_mamba_flags(ns, *, radix_off, extra, overlap, lazy, skip):
@@ -60,7 +60,7 @@ def test_resolve_matches_resolve_max_num_reqs():
     ns, ratio = _ratio_fn()
     _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
     ns["logger"] = logging.getLogger("sglang-lifted")
-    resolve_max = lift(KVC, "KVCacheConfigurator.resolve_max_num_reqs", ns)
+    resolve_max = define(KVC, "KVCacheConfigurator.resolve_max_num_reqs", ns)
     for requested, dp, tokens, mamba in itertools.product((None, 1, 8, 48, 256, 5000), (1, 2, 8),
                                                           (1000, 161_600, 4_922_240), (None, 40, 211, 5000)):
         schedule = NS(max_running_requests=requested, max_mamba_cache_size=mamba, disable_overlap_schedule=False)
@@ -80,7 +80,7 @@ def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
                                       for k in ("quant_block_size", "rope_storage_dtype")})}
     ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"),
           "_is_hip": hip, "torch": torch, **pool}
-    dim_of = lift(KVC, "calculate_mla_kv_cache_dim", ns)
+    dim_of = define(KVC, "calculate_mla_kv_cache_dim", ns)
     model = NS(hf_config=None, kv_lora_rank=GLM.kv_lora_rank, qk_rope_head_dim=GLM.qk_rope_head_dim)
     backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "fa3", "trtllm", "triton", "aiter")
     for kv, (prefill, decode) in itertools.product(("bf16", "fp8_e4m3"), itertools.product(backends, repeat=2)):
@@ -93,7 +93,7 @@ def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
 
 @pytest.mark.parametrize("hip", [False, True])
 def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
-    check = lift("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
+    check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))   # an H20, as in the seeds
     backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "trtllm", "triton", "aiter")
     refused = 0
@@ -116,9 +116,9 @@ def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
 
 def patched_check(root, monkeypatch):
     """_check_dsa_backend_constraints after the series, with the q8 predicate it imports."""
-    q8 = lift("srt/configs/model_config.py", "is_q8_raw_fp8_nope_layout", {}, root=root)
+    q8 = define("srt/configs/model_config.py", "is_q8_raw_fp8_nope_layout", {}, root=root)
     fake_modules(monkeypatch, {"sglang.srt.configs.model_config": {"is_q8_raw_fp8_nope_layout": q8}})
-    return lift("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints",
+    return define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints",
                 {"logger": logging.getLogger("sglang-lifted")}, root=root)
 
 
@@ -132,7 +132,7 @@ def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
     ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"), "_is_hip": False,
           "torch": torch, "is_q8_raw_fp8_nope_layout": q8,
           "DSATokenToKVPool": NS(quant_block_size=128, rope_storage_dtype=torch.bfloat16)}
-    dim_of = lift(KVC, "calculate_mla_kv_cache_dim", ns, root=patched_root)
+    dim_of = define(KVC, "calculate_mla_kv_cache_dim", ns, root=patched_root)
     geometry = model_geometry.from_config({**json_preset(), "qk_rope_head_dim": rope}, name="t")
     model = NS(hf_config=None, kv_lora_rank=512, qk_rope_head_dim=rope)
     prefills = ("tilelang", "flashmla_sparse_q8", "flashmla_sparse", "flashmla_kv", "trtllm")
@@ -164,7 +164,7 @@ def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
 
 def test_boot_gate_message_is_sglangs(monkeypatch):
     """The pairing the boot gate launches is refused with exactly the text verify waits for."""
-    check = lift("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
+    check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
     with pytest.raises(ValueError) as refusal:
         check("fp8_e4m3", "tilelang", "flashmla_sparse", hip=False)
     assert str(refusal.value) == kv_layout.MIXED_TILELANG_REFUSAL
@@ -178,10 +178,10 @@ def test_indexer_bytes_match_compute_dsa_indexer_cell_size(monkeypatch):
           "get_dsa_index_head_dim": lambda c: c.index_head_dim,
           "get_dsa_index_kpool": lambda c: getattr(c, "index_kpool", 1),
           "is_deepseek_dsa": lambda c: True}
-    lift("srt/utils/common.py", "ceil_div", ns)
-    skips = lift("srt/configs/model_config.py", "dsa_layer_skips_topk", ns)
-    lift(POOL, "_get_dsa_cache_layer_ids", ns)
-    cell = lift(POOL, "DefaultPoolConfigurator._compute_dsa_indexer_cell_size", ns)
+    define("srt/utils/common.py", "ceil_div", ns)
+    skips = define("srt/configs/model_config.py", "dsa_layer_skips_topk", ns)
+    define(POOL, "_get_dsa_cache_layer_ids", ns)
+    cell = define(POOL, "DefaultPoolConfigurator._compute_dsa_indexer_cell_size", ns)
     fake_modules(monkeypatch, {
         "sglang.srt.mem_cache.kv_cache_configurator": {"_should_elide_dsa_index_k": lambda **_: True},
         "sglang.srt.layers.cp.utils": {"get_glm_dsa_cp_layer_shard_info": lambda kvc: (None, 1),
@@ -212,7 +212,7 @@ def test_preset_and_layers_match_glm5_next_config_defaults():
             for k, v in kwargs.items():
                 setattr(self, k, v)
     ns = {"PretrainedConfig": PretrainedConfig}
-    cfg = lift("srt/configs/glm5_next.py", "Glm5NextTextConfig", ns)(index_head_dim=128, index_topk=2048)
+    cfg = define("srt/configs/glm5_next.py", "Glm5NextTextConfig", ns)(index_head_dim=128, index_topk=2048)
     assert GLM.full_attention_layers == tuple(cfg.full_attention_layer_ids)
     assert GLM.linear_layers == tuple(cfg.linear_layer_ids)
     assert (len(GLM.full_attention_layers), len(GLM.linear_layers)) == (11, 34)
@@ -227,10 +227,10 @@ def test_preset_and_layers_match_glm5_next_config_defaults():
 @pytest.mark.parametrize("ssm", [torch.float32, torch.bfloat16])
 def test_mamba_slot_bytes_match_mamba_cache_per_req(tp, ssm):
     ns = {"dataclass": dataclass, "field": field, "np": np, "torch": torch, "ABC": object, "mamba2_state_dtype": None}
-    lift("srt/distributed/utils.py", "ensure_divisibility", ns)
-    lift("srt/distributed/utils.py", "divide", ns)
+    define("srt/distributed/utils.py", "ensure_divisibility", ns)
+    define("srt/distributed/utils.py", "divide", ns)
     for cls in ("Mamba2StateDType", "BaseLinearStateParams", "KimiLinearStateShape", "KimiLinearCacheParams"):
-        lift(MAMBA, cls, ns)
+        define(MAMBA, cls, ns)
     shape = ns["KimiLinearStateShape"].create(tp_world_size=tp, num_heads=GLM.linear_num_heads,
                                               head_dim=GLM.linear_head_dim, conv_kernel_size=GLM.linear_conv_kernel)
     params = ns["KimiLinearCacheParams"](shape=shape, layers=list(GLM.linear_layers),
@@ -240,8 +240,8 @@ def test_mamba_slot_bytes_match_mamba_cache_per_req(tp, ssm):
 
 def test_pool_tokens_match_calculate_pool_sizes():
     ns = {"dataclass": dataclass}
-    config_cls = lift(POOL, "MemoryPoolConfig", ns)
-    sizes = lift(POOL, "DefaultPoolConfigurator.calculate_pool_sizes", {"MemoryPoolConfig": config_cls})
+    config_cls = define(POOL, "MemoryPoolConfig", ns)
+    sizes = define(POOL, "DefaultPoolConfigurator.calculate_pool_sizes", {"MemoryPoolConfig": config_cls})
     for cell, budget in itertools.product((12716, 7084, 7260), (1 << 30, 32.47 * (1 << 30), 123_456_789_012)):
         me = NS(_fixed_overhead_bytes=0, _cell_size=cell, _zero_kv_max_tokens=0)
         expected = sizes(me, int(budget), GLM.page_tokens).max_total_num_tokens
@@ -254,7 +254,7 @@ def test_mamba_pool_matches_handle_max_mamba_cache():
     ns, ratio = _ratio_fn()
     _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
     ns.update(_pd_prefill_skips_mamba_spec_state=lambda: False)
-    handle = lift(KVC, "KVCacheConfigurator._handle_max_mamba_cache", ns)
+    handle = define(KVC, "KVCacheConfigurator._handle_max_mamba_cache", ns)
     slot = GLM.mamba_slot_bytes(1)["total"]
     grid = itertools.product((2.24, 61.6), (1, 8), (None, 40, 300), (None, 6), (False, True), (None, 12, 256))
     checked = 0
