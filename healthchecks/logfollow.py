@@ -11,47 +11,38 @@ import os
 import threading
 
 from dsaops.healthchecks.logparse import LogState
+from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 CHUNK = 1 << 20
 MAX_LINE = 64 << 10  # longer "lines" are garbage (a binary blob), not SGLang output
 
 
-class LogFollower:
+class LogFollower(BackgroundLoop):
     def __init__(self, path: str, state: LogState, errors: ErrorCounts, poll: float = 0.25):
-        self.path, self.state, self.errors, self.poll = path, state, errors, poll
+        super().__init__("log", errors, poll)
+        self.path, self.state = path, state
         self.caught_up = threading.Event()  # set once the first read reached the end of the file
-        self._stop = threading.Event()
         self._file = None
         self._inode = None
         self._partial = b""
         self._skipping = False  # inside an over-long line: drop bytes until its newline
-        self._thread = threading.Thread(target=self._run, name="dsaops-log", daemon=True)
-
-    def start(self) -> LogFollower:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        super().stop()
         if self._file:
             self._file.close()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                more = self.step()
-            except OSError:
-                self.errors.inc("log")
-                self._close()
-                more = False
-            self.errors.beat("log")
-            if not more:
-                self._stop.wait(self.poll)
-
     def step(self) -> bool:
         """Read one chunk; True when there may be more to read right away."""
+        try:
+            return self._read()
+        except OSError:
+            self.errors.inc("log")
+            self._close()
+            return False
+
+    def _read(self) -> bool:
         if self._file is None and not self._open():
             return False
         data = self._file.read(CHUNK)

@@ -37,8 +37,8 @@ FORMAT_STRINGS = {
 _KEYWORDS = re.compile(r"is allocated|max_running_requests|crashed with|terminated with|SIG(?:TERM|QUIT) received|"
                        r"Health check failed")
 _PREFIX = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{3})?((?: [A-Z_]+\d+)*)\] (.*)$")
-_KV_ALLOC = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), KV size: ([\d.]+) GB")
-_KV_ALLOC_KV = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB")
+_KV_ALLOC = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), "
+                       r"(?:KV size: ([\d.]+)|K size: ([\d.]+) GB, V size: ([\d.]+)) GB")
 _MAMBA_ALLOC = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+),")
 _MAMBA_CAP = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache "
                         r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)")
@@ -108,10 +108,9 @@ class LogState:
 
     def _apply(self, rank: str, when: float, msg: str) -> None:
         if "is allocated" in msg:  # the unlabelled pool only: "SWA KV Cache …" and friends are side pools
-            if m := _KV_ALLOC.match(msg):
-                self.kv[rank] = (m[1], int(m[2]), float(m[3]) * GIB)
-            elif m := _KV_ALLOC_KV.match(msg):
-                self.kv[rank] = (m[1], int(m[2]), (float(m[3]) + float(m[4])) * GIB)
+            if m := _KV_ALLOC.match(msg):  # one KV size, or K and V sizes
+                size = float(m[3]) if m[3] is not None else float(m[4]) + float(m[5])
+                self.kv[rank] = (m[1], int(m[2]), size * GIB)
             elif m := _MAMBA_ALLOC.match(msg):
                 self.mamba_slots[rank] = int(m[1])
         elif m := _MAMBA_CAP.search(msg):

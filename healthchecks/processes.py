@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import psutil
 from dsaops.healthchecks.logparse import CAUSES, LogState, cause_of_exit_code, rank_label
+from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.oom import KernelOomRecords, cgroup_of, cgroup_oom_kills
 
@@ -75,12 +76,12 @@ class _Vanished:
     server_ran: bool
 
 
-class ProcessWatcher:
+class ProcessWatcher(BackgroundLoop):
     def __init__(self, errors: ErrorCounts, log: LogState | None = None, kmsg: KernelOomRecords | None = None,
                  interval: float = 1.0, scan_interval: float = 5.0, grace: float = 3.0,
                  cgroup_root: str = "/sys/fs/cgroup", proc_root: str = "/proc"):
-        self.errors, self.log, self.kmsg = errors, log, kmsg
-        self.interval, self.scan_interval, self.grace = interval, scan_interval, grace
+        super().__init__("processes", errors, interval)
+        self.log, self.kmsg, self.scan_interval, self.grace = log, kmsg, scan_interval, grace
         self.cgroup_root, self.proc_root = cgroup_root, proc_root
         self._next_scan = 0.0
         self._oom_counts: dict[str, int | None] = {}   # cgroup -> oom_kill at the last poll
@@ -90,25 +91,13 @@ class ProcessWatcher:
         self._lock = threading.Lock()
         self._up: dict[str, int] = {}                  # rank -> 1 alive / 0 died (cleanly stopped ranks leave)
         self._deaths: dict[tuple[str, str], int] = {}  # (rank, cause) -> count
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dsaops-processes", daemon=True)
 
-    def start(self) -> ProcessWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll()
-            except Exception:  # noqa: BLE001 (a surprise from /proc must not end the watching)
-                self.errors.inc("processes")
-            self.errors.beat("processes")
-            self._stop.wait(self.interval)
+    def step(self) -> bool:
+        try:
+            self.poll()
+        except Exception:  # noqa: BLE001 (a surprise from /proc must not end the watching)
+            self.errors.inc("processes")
+        return False
 
     def poll(self) -> None:
         now = time.monotonic()

@@ -10,11 +10,11 @@ without them the mamba figures come from the log. Worker nodes (node rank >= 1) 
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 
 from dsaops.healthchecks.logparse import GIB, LogState
+from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 from dsaops import concurrency
@@ -31,27 +31,16 @@ def get_json(url: str, timeout: float):
         return json.loads(r.read())
 
 
-class ServerInfoPoller:
+class ServerInfoPoller(BackgroundLoop):
     def __init__(self, server_url: str, errors: ErrorCounts, interval: float = 5.0, timeout: float = 3.0):
-        self.url, self.errors, self.interval, self.timeout = server_url.rstrip("/"), errors, interval, timeout
+        super().__init__("server_info", errors, interval)
+        self.url, self.timeout = server_url.rstrip("/"), timeout
         self.up = False
         self.info: dict | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dsaops-server-info", daemon=True)
 
-    def start(self) -> ServerInfoPoller:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.timeout + 1)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            self.errors.beat("server_info")
-            self._stop.wait(self.interval)
+    def step(self) -> bool:
+        self.poll()
+        return False
 
     def poll(self) -> None:
         try:
