@@ -1,0 +1,169 @@
+"""Sandbox hosts for real Ansible runs over SSH on one machine.
+
+A controller network namespace holds a bridge; every sandbox host is a namespace of its own,
+linked to the bridge by a veth pair (named `clu0` inside the host: the cluster link), running
+its own sshd. The hosts share the filesystem, so each test gives each host its own root
+prefix (dsaops_root) and fakes the kernel files the roles read and write there (/proc/sys/vm,
+/proc/meminfo, sshd's pid file): no test touches the machine's real vm.* settings.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
+BIN = Path(sys.executable).parent
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+def available() -> str | None:
+    """Why the sandbox cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "sandbox hosts need root (network namespaces)"
+    if not os.path.exists(SSHD):
+        return "sshd is missing (apt-get install openssh-server)"
+    if not shutil.which("ip"):
+        return "ip is missing (apt-get install iproute2)"
+    return None
+
+
+class Sandbox:
+    def __init__(self, workdir: Path, hosts: list[str]):
+        self.workdir = workdir
+        self.tag = uuid.uuid4().hex[:6]
+        self.subnet = f"10.{200 + int(self.tag[:2], 16) % 50}.{int(self.tag[2:4], 16)}"
+        self.ctl = f"dsx{self.tag}-ctl"
+        self.hosts = {name: {"ns": f"dsx{self.tag}-{i}", "address": f"{self.subnet}.{11 + i}"}
+                      for i, name in enumerate(hosts)}
+        self.key = workdir / "client_key"
+        self.namespaces: list[str] = []
+        self.sshd_pids: list[int] = []
+
+    def ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def start(self) -> "Sandbox":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
+        self.ip("netns", "add", self.ctl)
+        self.namespaces.append(self.ctl)
+        self.ip("-n", self.ctl, "link", "set", "lo", "up")
+        self.ip("-n", self.ctl, "link", "add", "br0", "type", "bridge")
+        self.ip("-n", self.ctl, "addr", "add", f"{self.subnet}.1/24", "dev", "br0")
+        self.ip("-n", self.ctl, "link", "set", "br0", "up")
+        for i, (name, host) in enumerate(self.hosts.items()):
+            ns = host["ns"]
+            self.ip("netns", "add", ns)
+            self.namespaces.append(ns)
+            self.ip("-n", self.ctl, "link", "add", f"v{i}", "type", "veth", "peer", "name", "clu0", "netns", ns)
+            self.ip("-n", self.ctl, "link", "set", f"v{i}", "master", "br0", "up")
+            self.ip("-n", ns, "link", "set", "lo", "up")
+            self.ip("-n", ns, "addr", "add", f"{host['address']}/24", "dev", "clu0")
+            self.ip("-n", ns, "link", "set", "clu0", "up")
+            host["pid"] = self._sshd(name, host)
+        for host in self.hosts.values():
+            self._wait_ssh(host["address"])
+        return self
+
+    def _sshd(self, name: str, host: dict) -> int:
+        d = self.workdir / f"sshd-{name}"
+        d.mkdir()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "hostkey")], check=True)
+        pidfile = d / "sshd.pid"
+        (d / "sshd_config").write_text(
+            f"ListenAddress {host['address']}\nPort 22\nHostKey {d / 'hostkey'}\nPidFile {pidfile}\n"
+            f"AuthorizedKeysFile {self.key}.pub\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "StrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\n")
+        subprocess.run(["ip", "netns", "exec", host["ns"], SSHD, "-f", str(d / "sshd_config")], check=True)
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                pid = int(pidfile.read_text())
+                self.sshd_pids.append(pid)
+                return pid
+            time.sleep(0.05)
+        raise RuntimeError(f"sshd for {name} did not start")
+
+    def _wait_ssh(self, address: str) -> None:
+        probe = f"import socket; socket.create_connection(({address!r}, 22), timeout=1).close()"
+        for _ in range(50):
+            if subprocess.run(["ip", "netns", "exec", self.ctl, sys.executable, "-c", probe],
+                              capture_output=True).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"sshd on {address} does not answer")
+
+    def stop(self) -> None:
+        for pid in self.sshd_pids:
+            try:
+                os.kill(pid, 15)
+            except ProcessLookupError:
+                pass
+        for ns in reversed(self.namespaces):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    # --- per test -------------------------------------------------------------------------
+
+    def host_vars(self, name: str, root: Path) -> dict:
+        return {"ansible_host": self.hosts[name]["address"], "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(self.key),
+                "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+                "ansible_python_interpreter": "/usr/bin/python3",
+                "dsaops_root": str(root), "dsaops_cluster_address": self.hosts[name]["address"]}
+
+    def env(self, run_dir: Path) -> dict:
+        for sub in ("home", "remote", "local", "cp"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        return {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_HOME": str(run_dir / "home"),
+                "ANSIBLE_REMOTE_TMP": str(run_dir / "remote"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "local"),
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(run_dir / "cp"), "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_HOST_KEY_CHECKING": "False", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def run(self, argv: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+        """A command in the controller namespace (ansible-playbook, dsaops deploy)."""
+        return subprocess.run(["ip", "netns", "exec", self.ctl, *argv], cwd=REPO, env=self.env(run_dir),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml"):
+        return self.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), *args],
+                        run_dir)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP as {host: {ok, changed, unreachable, failed}}."""
+    return {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
+            for m in RECAP.finditer(output)}
+
+
+def fake_kernel(root: Path, sshd_pid: int, memfree_kib: int = 100 * 1024 * 1024) -> None:
+    """The kernel files the roles read and write, under a host's root prefix, with kernel defaults."""
+    vm = root / "proc/sys/vm"
+    vm.mkdir(parents=True)
+    for key, value in {"min_free_kbytes": 67584, "vfs_cache_pressure": 100, "watermark_boost_factor": 15000,
+                       "drop_caches": 0, "compact_memory": 0}.items():
+        (vm / key).write_text(f"{value}\n")
+    (root / "proc/meminfo").write_text(f"MemTotal:       {2 * memfree_kib} kB\nMemFree:        {memfree_kib} kB\n")
+    (root / "run").mkdir()
+    (root / "run/sshd.pid").write_text(f"{sshd_pid}\n")
+    (root / f"proc/{sshd_pid}").mkdir()
+    (root / f"proc/{sshd_pid}/oom_score_adj").write_text("0\n")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def free_port_probe(ns: str, address: str, port: int) -> bool:
+    """Whether a TCP connection from namespace `ns` to address:port is accepted."""
+    probe = (f"import socket,sys\ntry: socket.create_connection(({address!r}, {port}), timeout=2).close()\n"
+             "except OSError: sys.exit(1)")
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0
+

@@ -1,0 +1,133 @@
+"""Real ansible-playbook runs over SSH against sandbox hosts (network namespaces with sshd).
+
+The hosts have no GPU and no systemd: preflight_require_gpu=false takes the documented
+no-GPU path (everything rendered, nothing started). Machine-wide writes land under each
+host's root prefix and are asserted there.
+"""
+import subprocess
+import sys
+
+import pytest
+from ansible_sandbox import BIN, free_port_probe, recap, snapshot
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _ok(result):
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    return recap(result.stdout)
+
+
+def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
+    write, roots = cluster
+    inventory = write()
+    fresh = snapshot(tmp_path / "roots")
+
+    # --check on fresh hosts: reports the changes, makes none.
+    checked = _ok(sandbox.playbook(inventory, tmp_path / "run-check", "--check"))
+    assert all(checked[h]["changed"] > 0 for h in ("node1", "node2", "mon")), checked
+    assert snapshot(tmp_path / "roots") == fresh
+
+    # The real run: everything rendered under the prefixes.
+    first = sandbox.playbook(inventory, tmp_path / "run-1")
+    applied = _ok(first)
+    assert all(applied[h]["changed"] > 0 for h in ("node1", "node2", "mon")), applied
+    assert "no GPU (preflight_require_gpu=false), so the server is not started" in first.stdout
+
+    node1 = roots["node1"]
+    sysctl = (node1 / "etc/sysctl.d/90-dsaops-host-memory.conf").read_text()
+    assert "vm.min_free_kbytes = 524288" in sysctl
+    assert "vm.vfs_cache_pressure = 200" in sysctl        # the unified-memory (GB10) profile
+    assert "vm.watermark_boost_factor = 0" in sysctl
+    assert (node1 / "proc/sys/vm/min_free_kbytes").read_text().strip() == "524288"   # applied
+    assert (node1 / "proc/sys/vm/drop_caches").read_text().strip() == "0"            # not started: no drop
+    sshd_pid = sandbox.hosts["node1"]["pid"]
+    assert (node1 / f"proc/{sshd_pid}/oom_score_adj").read_text().strip() == "-900"
+    assert "OOMScoreAdjust=-900" in (node1 / "etc/systemd/system/ssh.service.d/90-dsaops-oom.conf").read_text()
+
+    worker = (roots["node2"] / "usr/local/bin/dsaops-sglang").read_text()
+    head_address = sandbox.hosts["node1"]["address"]
+    for expected in ("--node-rank 1", "--nnodes 2", f"--dist-init-addr {head_address}:25000", "--tp-size 2",
+                     f"SGLANG_HOST_IP={sandbox.hosts['node2']['address']}", "NCCL_SOCKET_IFNAME=clu0",
+                     "NCCL_CUMEM_ENABLE=0", "dsaops/sglang:0.5.23-sm_121"):
+        assert expected in worker, expected
+    assert subprocess.run(["sh", "-n", str(roots["node2"] / "usr/local/bin/dsaops-sglang")]).returncode == 0
+    assert not (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").exists()   # no systemd here
+
+    # The head's dist-init port is fenced to the cluster in its own namespace (nftables).
+    head_ns = sandbox.hosts["node1"]["ns"]
+    table = subprocess.run(["ip", "netns", "exec", head_ns, "nft", "list", "table", "inet", "dsaops"],
+                           capture_output=True, text=True)
+    assert table.returncode == 0 and "tcp dport 25000" in table.stdout, table.stderr
+
+    prometheus = (roots["mon"] / "etc/dsaops/prometheus/prometheus.yml").read_text()
+    assert f"{sandbox.hosts['node2']['address']}:9860" in prometheus and "rules/*.yml" in prometheus
+    assert list((roots["mon"] / "etc/dsaops/prometheus/rules").glob("*.yml"))
+    assert list((roots["mon"] / "etc/dsaops/grafana/dashboards").glob("*.json"))
+
+    # Second run through `dsaops deploy`: nothing left to change.
+    again = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-2")
+    assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-3000:]
+    assert "changed 0 thing(s) (already as wanted)" in again.stdout, again.stdout[-3000:]
+
+    # Only cluster nodes reach the dist-init port: a listener on the head, probed from the
+    # worker (a cluster node) and from the controller namespace (not one).
+    listener = subprocess.Popen(["ip", "netns", "exec", head_ns, sys.executable, "-m", "http.server", "25000",
+                                 "--bind", head_address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: free_port_probe(head_ns, head_address, 25000))
+        assert free_port_probe(sandbox.hosts["node2"]["ns"], head_address, 25000)
+        assert not free_port_probe(sandbox.ctl, head_address, 25000)
+    finally:
+        listener.terminate()
+        listener.wait()
+
+
+def _wait(predicate, tries=50):
+    import time
+
+    for _ in range(tries):
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("case, overrides, message", [
+    ("unsafe min_free_kbytes", {"cluster_vars": {"host_memory_min_free_kbytes": 200 * 1024 * 1024}},
+     "Unsafe vm.min_free_kbytes=209715200"),
+    ("unsafe vfs_cache_pressure", {"cluster_vars": {"host_memory_vfs_cache_pressure": 0}},
+     "vm.vfs_cache_pressure must be 1..1000"),
+    ("memory fraction on unified memory", {"cluster_vars": {"dsaops_mem_fraction_static": 0.99}},
+     "On unified memory (GB10) vm.min_free_kbytes comes out of the memory SGLang sees"),
+    ("two heads", {"groups": {"dsaops_head": ["node1", "node2"], "dsaops_workers": []}},
+     "must put exactly one host in group dsaops_head"),
+    ("TP not divisible", {"cluster_vars": {"dsaops_tp_size": 3}},
+     "dsaops_tp_size 3 must be divisible by the 2 node(s)"),
+])
+def test_refusals_stop_before_any_change(sandbox, cluster, tmp_path, case, overrides, message):
+    write, roots = cluster
+    before = snapshot(tmp_path / "roots")
+    result = sandbox.playbook(write(**overrides), tmp_path / "run")
+    assert result.returncode != 0, case
+    assert message in " ".join(result.stdout.split()), result.stdout[-4000:]
+    assert all(host["changed"] == 0 for host in recap(result.stdout).values()), recap(result.stdout)
+    assert snapshot(tmp_path / "roots") == before
+
+
+def test_gb10_prestart_drops_caches_when_memfree_is_low(sandbox, cluster, tmp_path):
+    """The pre-start guard (run by sglang_server right before a start) under the prefix."""
+    write, roots = cluster
+    inventory = write()
+    (roots["node1"] / "proc/meminfo").write_text("MemTotal: 125000000 kB\nMemFree: 4000000 kB\n")      # < 8 GiB
+    (roots["node2"] / "proc/meminfo").write_text("MemTotal: 125000000 kB\nMemFree: 100000000 kB\n")    # plenty
+    play = tmp_path / "prestart.yml"
+    play.write_text(
+        "- name: Pre-start guard\n  hosts: dsaops_cluster\n  gather_facts: false\n  tasks:\n"
+        "    - name: Run it\n      ansible.builtin.include_role:\n        name: host_memory\n"
+        "        tasks_from: prestart\n      vars:\n        host_memory_unified_memory: true\n")
+    result = sandbox.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play)], tmp_path / "run")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert (roots["node1"] / "proc/sys/vm/drop_caches").read_text().strip() == "3"
+    assert (roots["node1"] / "proc/sys/vm/compact_memory").read_text().strip() == "1"
+    assert (roots["node2"] / "proc/sys/vm/drop_caches").read_text().strip() == "0"

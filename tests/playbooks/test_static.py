@@ -1,0 +1,128 @@
+"""Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
+and the server flags pinned to the pinned SGLang's own argument definitions."""
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from ansible_sandbox import BIN, PLAYBOOKS, REPO
+
+INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
+ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+       "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _run(*argv, cwd=REPO):
+    return subprocess.run(argv, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_ansible_lint_production_profile():
+    result = _run(str(BIN / "ansible-lint"), "--profile", "production", "--offline", "--nocolor", cwd=PLAYBOOKS)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("inventory", INVENTORIES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("playbook", ["cluster.yml", "print-commands.yml"])
+def test_syntax_check(inventory, playbook):
+    result = _run(str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), "--syntax-check")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def print_commands(inventory, *extra):
+    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra)
+
+
+def _nodes(output: str) -> dict[str, str]:
+    return dict(re.findall(r"^# ---- (\S+) ----\n(.*?)(?=^# ---- |\Z)", output, re.M | re.S))
+
+
+def test_print_commands_dgx_spark_2x():
+    result = print_commands("dgx-spark-2x")
+    assert result.returncode == 0, result.stderr[-3000:]
+    nodes = _nodes(result.stdout)
+    assert list(nodes) == ["spark-1", "spark-2"]          # head first
+    for name, rank, address in (("spark-1", 0, "192.168.100.1"), ("spark-2", 1, "192.168.100.2")):
+        text = nodes[name]
+        for expected in (f"--node-rank {rank}", "--nnodes 2", "--dist-init-addr 192.168.100.1:25000", "--tp-size 2",
+                         "--kv-cache-dtype fp8_e4m3", "--dsa-prefill-backend tilelang",
+                         "--dsa-decode-backend tilelang", "--enable-metrics", f"SGLANG_HOST_IP={address}",
+                         "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
+                         "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
+                         "NCCL_CUMEM_ENABLE=0", "--network host", "--ipc host", "dsaops/sglang:0.5.23-sm_121"):
+            assert expected in text, (name, expected)
+
+
+def test_print_commands_h20_8gpu():
+    result = print_commands("h20-8gpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (text,) = _nodes(result.stdout).values()
+    for expected in ("--tp-size 8", "--attn-dp-size 8", "--max-running-requests 240", "dsaops/sglang:0.5.23-sm_90"):
+        assert expected in text, expected
+    for absent in ("--nnodes", "--enable-dp-attention", "NCCL_CUMEM_ENABLE"):   # one node; new DP spelling; not GB10
+        assert absent not in text, absent
+
+
+def test_print_commands_touch_no_host(tmp_path):
+    """The inventory's hosts do not exist; rendering still works, so nothing connected to them."""
+    inventory = (PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(".local", ".invalid")
+    path = tmp_path / "unreachable.yml"
+    path.write_text(inventory)
+    assert print_commands(str(path)).returncode == 0
+
+
+def test_plan_contradiction_stops_unless_acknowledged():
+    refused = print_commands("h20-8gpu", "-e", "dsaops_max_running_requests=8", "-e", '{"dsaops_plan_acknowledge": []}')
+    assert refused.returncode != 0
+    assert "bound by dp_split: at most 1 running request(s) per DP rank" in refused.stderr
+    assert "dsaops_plan_acknowledge: [dp_split]" in refused.stderr
+    assert print_commands("h20-8gpu", "-e", "dsaops_max_running_requests=8").returncode == 0   # acknowledged
+
+
+def test_inconsistent_inventory_refused_without_hosts():
+    two_heads = print_commands("dgx-spark-2x", "-e", "dsaops_tp_size=3")
+    assert two_heads.returncode != 0 and "dsaops_tp_size 3 must be divisible by the 2 node(s)" in two_heads.stderr
+
+
+def test_print_commands_needs_a_target():
+    result = print_commands("local")
+    assert result.returncode != 0 and "set dsaops_target" in result.stderr
+
+
+def _sglang_flags(arg_groups) -> dict[str, list | None]:
+    """Every CLI flag the pinned SGLang defines (fields/*.py), with its choices where literal."""
+    flags = {}
+    for path in (arg_groups / "fields").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            names, choices = ["--" + node.target.id.replace("_", "-")], None
+            for call in ast.walk(node.annotation):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Arg":
+                    for kw in call.keywords:
+                        if kw.arg == "cli_name":
+                            names[0] = ast.literal_eval(kw.value)
+                        elif kw.arg == "aliases":
+                            names += ast.literal_eval(kw.value)
+                        elif kw.arg == "choices" and isinstance(kw.value, ast.List):
+                            choices = ast.literal_eval(kw.value)
+            flags.update({name: choices for name in names})
+    return flags
+
+
+def test_generated_flags_exist_in_pinned_sglang():
+    from sglang_wheel import sglang_source
+
+    flags = _sglang_flags(sglang_source() / "sglang/srt/arg_groups")
+    assert "--dsa-prefill-backend" in flags and "--bogus-flag" not in flags       # the parser itself works
+    commands = print_commands("dgx-spark-2x").stdout + print_commands("h20-8gpu").stdout
+    launch = [line.strip().rstrip(" \\") for text in _nodes(commands).values()
+              for line in text.split("dsaops/sglang:0.5.23-")[1].splitlines()[1:] if line.strip()]
+    assert launch
+    for line in launch:
+        flag, *value = line.split()
+        assert flag in flags, f"{flag} is not a sglang 0.5.23 launch_server flag"
+        if value and flags[flag]:
+            assert value[0] in flags[flag], f"{flag} {value[0]} not in {flags[flag]}"
