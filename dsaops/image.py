@@ -44,7 +44,8 @@ def _user_error(message: str) -> Exception:
 
 def _git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["git", "-C", str(REPO), *args], check=False, capture_output=True, text=True,
+                             timeout=30)
     except OSError:
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -90,7 +91,7 @@ def detect_builder() -> str:
     """`buildx` where the docker CLI has the plugin, else `docker` (plain `docker build`)."""
     if not shutil.which("docker"):
         return "docker"
-    found = subprocess.run(["docker", "buildx", "version"], capture_output=True, timeout=60)
+    found = subprocess.run(["docker", "buildx", "version"], check=False, capture_output=True, timeout=60)
     return "buildx" if found.returncode == 0 else "docker"
 
 
@@ -172,8 +173,8 @@ def check_engine() -> None:
         raise _user_error("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
                           "and its buildx plugin, then run `make image` again")
     try:
-        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False,
+                             capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         out = None
     if out is None or out.returncode != 0:
@@ -287,7 +288,7 @@ def run(args) -> int:
     stage_context(p.context, wheel)
     for cmd in p.commands:
         print("+ " + shlex.join(cmd), file=sys.stderr)
-        rc = subprocess.run(cmd).returncode
+        rc = subprocess.run(cmd, check=False).returncode
         if rc:
             print(f"dsaops image: `{shlex.join(cmd[:3])}` failed (exit {rc}); the log above says where",
                   file=sys.stderr)

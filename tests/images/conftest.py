@@ -1,0 +1,89 @@
+"""Image tests' parts: a real dockerd started here, a local Debian base, copies of the sources.
+
+No registry is reachable in CI, so the base is a Debian bookworm root filesystem made with
+debootstrap (Python 3.11, like the cached cp311 SGLang wheel) and imported with `docker
+import`; its tarball is cached under $DSAOPS_CACHE/images so a later run skips debootstrap.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from image_parts import docker
+from need import need
+from sglang_wheel import cache_dir
+
+BASE_TAG = "dsaops-test/debian-python:bookworm"
+# The Debian package's client drives BuildKit without the buildx plugin (DOCKER_BUILDKIT=1);
+# the legacy builder would copy the whole root filesystem once per instruction on vfs.
+DEBIAN_DOCKER = Path("/usr/bin/docker")
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    """A dockerd of our own: vfs storage, no iptables, no bridge; stopped when the session ends."""
+    need(os.geteuid() == 0 and shutil.which("dockerd") and DEBIAN_DOCKER.is_file(),
+         "root and Docker from Debian (apt-get install docker.io)")
+    root = Path(tempfile.mkdtemp(prefix="dsaops-img-dockerd-"))
+    sock = root / "docker.sock"
+    bindir = root / "bin"
+    bindir.mkdir()
+    (bindir / "docker").symlink_to(DEBIAN_DOCKER)
+    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}", DOCKER_BUILDKIT="1", PATH=f"{bindir}:{os.environ['PATH']}")
+    with open(root / "dockerd.log", "w") as log:
+        proc = subprocess.Popen(
+            ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
+             "--ip-masq=false", "--bridge=none", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+             "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "version"], env=env, capture_output=True, check=False).returncode:
+            assert proc.poll() is None and time.monotonic() < deadline, (root / "dockerd.log").read_text()[-3000:]
+            time.sleep(0.3)
+        yield env
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _debian_rootfs_tar() -> Path:
+    """bookworm minbase + python3-venv, trimmed, as a tarball in the cache (debootstrap on first use)."""
+    cached = cache_dir() / "images" / "debian-bookworm-python3.tar"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with open(cached.parent / ".debian.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cached.is_file():
+            return cached
+        need(shutil.which("debootstrap"), "debootstrap (apt-get install debootstrap)")
+        mirror = os.environ.get("DSAOPS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+        with tempfile.TemporaryDirectory(prefix="dsaops-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            subprocess.run(["debootstrap", "--variant=minbase", "--include=python3-venv", "bookworm", str(rootfs),
+                            mirror], check=True, capture_output=True, timeout=900)
+            for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
+                         "usr/share/locale"):
+                shutil.rmtree(rootfs / junk, ignore_errors=True)
+            partial = cached.with_suffix(".partial")
+            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+            partial.rename(cached)
+    return cached
+
+
+@pytest.fixture(scope="session")
+def local_base(dockerd) -> str:
+    """A Debian bookworm image with Python 3.11 and venv, imported into our dockerd."""
+    tar = _debian_rootfs_tar()
+    docker(dockerd, "import", str(tar), BASE_TAG)
+    return BASE_TAG
