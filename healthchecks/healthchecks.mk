@@ -1,0 +1,10 @@
+# healthchecks: the exporter's rules and benchmark (`make test` runs the tests).
+.PHONY: rules-test bench-exporter
+
+rules-test: ## promtool check and unit-test the alert rules (needs Debian's prometheus package)
+	promtool check rules healthchecks/rules/*.yml
+	promtool test rules healthchecks/rules/tests/*.yml
+
+bench-exporter: $(STAMP) ## exporter scrape latency (8 ranks, 1 GiB log) and steady CPU, for BENCHMARKS.md
+	$(PY) benchmarks/exporter.py
+
