@@ -1,0 +1,112 @@
+"""The image's entrypoint, run here as it runs in the image: SGLang's place taken by a stand-in
+(no GPU), the exporter the real `dsaops exporter`. The in-container `docker stop` case is in
+test_image_build.py."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+from image_parts import REPO
+
+ENTRYPOINT = REPO / "images" / "entrypoint.sh"
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
+    environ = os.environ | {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3 and dsaops of this venv
+        "PYTHONPATH": str(HERE),
+        "DSAOPS_SERVER_MODULE": "standin_server",
+        "DSAOPS_LOG_FILE": str(tmp_path / "log" / "sglang.log"),
+        "DSAOPS_EXPORTER": "0",
+    } | env
+    return subprocess.Popen([str(ENTRYPOINT), *args], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def log_of(tmp_path: Path) -> str:
+    path = tmp_path / "log" / "sglang.log"
+    return path.read_text() if path.is_file() else ""
+
+
+def metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
+    port = free_port()
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_EXPORTER="1", DSAOPS_EXPORTER_LISTEN=f"127.0.0.1:{port}",
+                 DSAOPS_NODE="node-a", DSAOPS_SERVER_PORT="31000")
+    try:
+        assert wait_for(lambda: "standin pid=" in log_of(tmp_path), 20), proc.stderr
+        assert wait_for(lambda: "dsa_" in metrics(port), 30), "the exporter never answered"
+        children = psutil.Process(proc.pid).children()
+        exporter = next(c for c in children if "exporter" in c.cmdline())
+        assert exporter.cmdline()[-8:] == ["--server-url", "http://127.0.0.1:31000", "--log-file",
+                                           str(tmp_path / "log" / "sglang.log"), "--listen", f"127.0.0.1:{port}",
+                                           "--node", "node-a"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    text = log_of(tmp_path)
+    assert "args=--model-path /m --port 31000" in text  # DSAOPS_SERVER_PORT becomes SGLang's --port
+    assert "standin on stderr" in text and "SIGTERM received" in text
+    assert not exporter.is_running()
+    assert metrics(port) == ""
+
+
+def test_server_exit_ends_the_container_with_its_status(tmp_path):
+    proc = start(tmp_path, "--model-path", "/m", STANDIN_EXIT="3")
+    assert proc.wait(timeout=30) == 3
+    assert "standin pid=" in log_of(tmp_path)
+
+
+def test_mismatched_port_is_refused_before_anything_starts(tmp_path):
+    proc = start(tmp_path, "--model-path", "/m", "--port=8000")
+    assert proc.wait(timeout=30) == 2
+    assert "run with -e DSAOPS_SERVER_PORT=8000" in proc.stderr.read()
+    assert log_of(tmp_path) == ""
+    proc = start(tmp_path, "--model-path", "/m", "--port", "8000", DSAOPS_SERVER_PORT="8000", STANDIN_EXIT="0")
+    assert proc.wait(timeout=30) == 0
+    assert "args=--model-path /m --port 8000\n" in log_of(tmp_path)
+
+
+def test_unwritable_log_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_LOG_FILE=str(tmp_path / "file" / "sglang.log"))
+    assert proc.wait(timeout=30) == 2
+    assert "cannot write DSAOPS_LOG_FILE" in proc.stderr.read()
+
+
+def test_a_command_instead_of_options_runs_that_command(tmp_path):
+    proc = start(tmp_path, "dsaops", "patches", "list")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "series" in out
+    assert log_of(tmp_path) == ""

@@ -1,0 +1,174 @@
+"""`make image-plan` / `dsaops image plan|build`: the exact build command, from the targets table."""
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+import pytest
+from dsaops.sglang_patches.apply import SGLANG_PIN
+from dsaops.sglang_patches.series import load
+from image_parts import REPO, copy_sources
+
+from dsaops.image import build_wheel
+
+TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
+
+
+def make_plan(*assignments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "image-plan", *assignments], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def commands(output: str) -> list[list[str]]:
+    """The shell commands a plan prints (comment lines dropped, continuation lines joined)."""
+    text = "\n".join(line for line in output.splitlines() if not line.startswith("#"))
+    return [shlex.split(cmd) for cmd in text.replace("\\\n", " ").splitlines() if cmd.strip()]
+
+
+def options(cmd: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """({--option: value}, {BUILD_ARG: value}) of one build command."""
+    opts, build_args = {}, {}
+    for flag, value in itertools.pairwise(cmd):
+        if flag == "--build-arg":
+            key, _, val = value.partition("=")
+            build_args[key] = val
+        elif flag.startswith("--") and not value.startswith("--"):
+            opts[flag] = value
+    return opts, build_args
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_plan_has_the_targets_platform_base_and_arguments(name):
+    row = TABLE[name]
+    out = make_plan(f"ARCH={name}")
+    assert out.returncode == 0, out.stderr
+    [cmd] = commands(out.stdout)
+    assert cmd[:2] == ["docker", "buildx"] or cmd[:2] == ["docker", "build"]
+    opts, args = options(cmd)
+    assert opts["--platform"] == row["platform"]
+    assert opts["--file"] == str(REPO / "images" / "Dockerfile")
+    assert opts["--target"] == "runtime"
+    assert opts["--tag"] == f"dsaops/sglang:{SGLANG_PIN}-{name}"
+    assert cmd[-1] == str(REPO / "images" / "context")
+    assert args["BASE_IMAGE"] == row["base_image"]
+    assert args["BASE_CARRIES_SGLANG"] == str(row["base_carries_sglang"]).lower()
+    assert args["TORCH_CUDA_ARCH_LIST"] == row["torch_cuda_arch_list"]
+    assert args["PYTORCH_ROCM_ARCH"] == (row["gpu_arch"] if row["vendor"] == "amd" else "")
+    assert args["FP8_DTYPE"] == row["fp8_dtype"]
+    assert args["DSAOPS_TARGET"] == name
+    assert args["SGLANG_VERSION"] == SGLANG_PIN
+    assert args["PATCH_SERIES_SHA256"] == load().sha256
+    assert f"#   base      {row['base_image']}" in out.stdout
+    assert not any("TOKEN" in key or "SECRET" in key for key in args)
+
+
+def test_every_build_argument_is_declared_in_the_dockerfile():
+    dockerfile = (REPO / "images" / "Dockerfile").read_text()
+    declared = {line.split()[1].split("=")[0] for line in dockerfile.splitlines() if line.startswith("ARG ")}
+    _, args = options(commands(make_plan("ARCH=sm_90").stdout)[0])
+    assert set(args) <= declared, set(args) - declared
+
+
+def test_tag_registry_and_push():
+    out = make_plan("ARCH=sm_121", "TAG=nightly", "REGISTRY=registry.example.com/team/", "PUSH=1")
+    assert out.returncode == 0, out.stderr
+    build, *rest = commands(out.stdout)
+    image = "registry.example.com/team/dsaops/sglang:nightly"
+    assert options(build)[0]["--tag"] == image
+    if build[1] == "buildx":
+        assert "--push" in build and not rest
+    else:
+        assert rest == [["docker", "push", image]]
+
+
+def test_buildx_pushes_or_loads_in_one_command():
+    def plan(*extra):
+        out = subprocess.run([sys.executable, "-m", "dsaops", "image", "plan", "--arch", "gfx942", "--builder", "buildx",
+                              *extra], cwd=REPO, capture_output=True, text=True, check=True)
+        return commands(out.stdout)
+
+    [load_cmd] = plan()
+    assert load_cmd[:3] == ["docker", "buildx", "build"] and "--load" in load_cmd and "--push" not in load_cmd
+    [push_cmd] = plan("--push", "--registry", "r.example/x")
+    assert "--push" in push_cmd and "--load" not in push_cmd
+
+
+def test_cross_platform_build_says_to_build_natively():
+    host = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[os.uname().machine]
+    for name, row in TABLE.items():
+        out = make_plan(f"ARCH={name}").stdout
+        assert ("QEMU" in out) == (row["platform"] != host), name
+    if host == "linux/amd64":
+        assert "on the DGX Spark itself" in make_plan("ARCH=sm_121").stdout
+
+
+@pytest.mark.parametrize(("assignments", "message"), [
+    (["ARCH=sm_80"], "unknown target 'sm_80'; valid targets: sm_90, sm_121, gfx942"),
+    ([], "ARCH= (--arch) is required; valid targets: sm_90, sm_121, gfx942"),
+    (["ARCH=sm_90", "PUSH=1"], "PUSH=1 needs REGISTRY="),
+])
+def test_bad_input_fails_with_what_to_change(assignments, message):
+    out = make_plan(*assignments)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert not commands(out.stdout)
+
+
+def test_the_targets_table_is_the_only_source(tmp_path):
+    """Change a base in a copy's table: the copy's plan follows it (no second copy of the fact)."""
+    source = copy_sources(tmp_path / "src")
+    table = source / "dsaops" / "targets.toml"
+    table.write_text(table.read_text().replace(TABLE["sm_90"]["base_image"], "example.org/other/base:1", 1))
+    out = subprocess.run([sys.executable, "-m", "dsaops", "image", "plan", "--arch", "sm_90"], cwd=source,
+                         env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True, check=True)
+    assert options(commands(out.stdout)[0])[1]["BASE_IMAGE"] == "example.org/other/base:1"
+
+
+def test_no_docker_engine_is_a_clear_error_and_stages_nothing(tmp_path):
+    context = tmp_path / "context"
+    out = subprocess.run([sys.executable, "-m", "dsaops", "image", "build", "--arch", "sm_90", "--context", str(context)],
+                         cwd=REPO, env=os.environ | {"DOCKER_HOST": f"unix://{tmp_path}/no.sock"}, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 2
+    assert f"no Docker engine answers at unix://{tmp_path}/no.sock" in out.stderr
+    assert "nothing was built" in out.stderr and "Traceback" not in out.stderr
+    assert not context.exists()
+
+
+def test_no_docker_command_says_to_install_docker(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    out = subprocess.run([str(bindir / "python3"), "-m", "dsaops", "image", "build", "--arch", "sm_90"], cwd=REPO,
+                         env=os.environ | {"PATH": str(bindir)}, capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert "no `docker` command here: install Docker Engine" in out.stderr
+
+
+def test_dsaops_wheel_comes_from_the_sources_and_is_reproducible(tmp_path):
+    """The wheel in the context: the package data the image needs, byte-identical across builds."""
+    first = build_wheel(tmp_path / "a")
+    second = build_wheel(tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes()  # same sources -> Docker's layer cache holds
+    names = zipfile.ZipFile(first).namelist()
+    assert "dsaops/sglang_patches/series" in names
+    assert all(f"dsaops/sglang_patches/{p.name}" in names for p in load().patches)
+    assert not any(n.startswith(("tests/", "images/")) for n in names)
+
+
+def test_unknown_stage_is_refused():
+    out = subprocess.run([sys.executable, "-m", "dsaops", "image", "plan", "--arch", "sm_90", "--stage", "nope"],
+                         cwd=REPO, capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and "invalid choice: 'nope'" in out.stderr
+
+
+def test_makefile_fragment_is_listed_by_make_help():
+    out = subprocess.run(["make", "--no-print-directory", "help"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert "make image " in out and "make image-plan" in out
+
