@@ -67,3 +67,15 @@ def sigquit() -> str:
 def health_failed() -> str:
     return ("Health check failed. Server couldn't get a response from detokenizer for last 20 seconds. "
             "tic start time: 10:00:00. last_heartbeat time: 09:59:30")
+
+
+def sigterm_worker(node_rank: int) -> str:
+    return (f"SIGTERM received on node_rank {node_rank}; waiting for the rank-0 ShutdownReq broadcast to stop "
+            "the schedulers.")
+
+
+def every_message() -> list[str]:
+    """One rendering of each message above (the contract test checks them against the wheel)."""
+    return [kv_allocated(4922240, 32.48), kv_allocated_split(1000, 1.0, 1.5), mamba_allocated(40),
+            mamba_capped(8, 40, 5), reduced(64, 12), crashed("scheduler_1", 4242, -9), terminated(4242, -9),
+            sigterm(), sigterm_worker(1), sigquit(), health_failed()]

@@ -3,7 +3,10 @@ depends on, every /server_info key the exporter reads, and the scheduler process
 An SGLang bump that changes one fails here, loudly, naming it."""
 from __future__ import annotations
 
+import re
+
 import pytest
+import sglang_lines
 from dsaops.healthchecks import logparse, server_info
 from sglang_wheel import sglang_source
 
@@ -33,6 +36,22 @@ def wheel():
 @pytest.mark.parametrize("path,piece", [(p, s) for p, pieces in logparse.FORMAT_STRINGS.items() for s in pieces])
 def test_log_format_string_is_in_the_wheel(wheel, path, piece):
     assert piece in (wheel / path).read_text(), f"sglang 0.5.23 {path} no longer says {piece!r}: update logparse"
+
+
+def _fragments(piece: str) -> list[str]:
+    """The literal text of a format-string piece, split at its placeholders."""
+    text = piece.replace("'}", "").replace('f"', "").replace('"', "").replace("\\'", "'")
+    return [f for f in re.split(r"\{[^}]*\}|%d", text) if len(f.strip()) >= 4]
+
+
+@pytest.mark.parametrize("path", [p for p in logparse.FORMAT_STRINGS if p not in (
+    "srt/utils/common.py", "srt/managers/scheduler.py")])  # those two are the prefix and title, not messages
+def test_fixture_lines_are_rendered_from_the_format_strings(path):
+    """The log fixtures say what the wheel's format strings say, fragment by fragment."""
+    corpus = "\n".join(sglang_lines.every_message())
+    for piece in logparse.FORMAT_STRINGS[path]:
+        for fragment in _fragments(piece):
+            assert fragment in corpus, f"no fixture renders {fragment!r} of {path}"
 
 
 def test_every_key_read_is_pinned():

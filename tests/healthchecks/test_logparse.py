@@ -57,6 +57,8 @@ def test_clean_stop_and_alarm_lines():
     s = feed(L.line(L.sigterm(), at=now), L.line(L.sigquit()), L.line(L.health_failed()), L.line(L.health_failed()))
     assert s.clean_stop_since(now - 1) and not s.clean_stop_since(now + 5)
     assert s.events == {"sigterm": 1, "sigquit": 1, "health_check_failed": 2}
+    worker = feed(L.line(L.sigterm_worker(1), at=now))  # a worker node's launcher
+    assert worker.clean_stop_since(now - 1)
 
 
 def test_foreign_and_broken_lines_teach_nothing():
