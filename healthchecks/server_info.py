@@ -65,18 +65,23 @@ class ServerInfoPoller(BackgroundLoop):
             return False
 
 
-def kv_layout(dtype: str, prefill: str | None, decode: str | None) -> str:
-    """bf16 | raw_fp8 | scaled_fp8 (or other | unknown), as kv_cache_configurator.py picks the DSA row format:
-    TileLang (and, on ROCm, Triton/AITER) kernels read raw fp8 rows; other fp8 backends
-    read rows with per-block scales. flashmla_sparse_q8 prefill over the raw pool is the
-    pairing the dsaops patches accept."""
+def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
+    """The pool's row layout by dsaops.kv_layout's rule (bf16 | raw_fp8 | scaled_fp8), from the
+    running server's dtype and DSA backends; `unknown` without the backends (a worker node has no
+    /server_info), `other` for a dtype that is neither bf16 nor fp8."""
+    from dsaops.kv_layout import Q8_PREFILL, Backends, kv_layout
+
+    if "bf16" in dtype or "bfloat16" in dtype:
+        return "bf16"
     if "fp8" not in dtype and "float8" not in dtype:
-        return "bf16" if ("bf16" in dtype or "bfloat16" in dtype) else "other"
-    if prefill is None and decode is None:  # no /server_info (a worker node): the backends are unknown
+        return "other"
+    if prefill is None or decode is None:
         return "unknown"
-    if "fnuz" in dtype:
-        return "raw_fp8" if {prefill, decode} & {"tilelang", "triton", "aiter"} else "scaled_fp8"
-    return "raw_fp8" if decode == "tilelang" and prefill in ("tilelang", "flashmla_sparse_q8") else "scaled_fp8"
+    # A running server passed SGLang's (patched) checks: triton and aiter DSA backends run on ROCm
+    # only, and q8 prefill with tilelang decode is admitted only over the raw NoPE pool.
+    hip = "fnuz" in dtype or bool({prefill, decode} & {"triton", "aiter"})
+    return kv_layout("fp8_e4m3", Backends(prefill, decode, defaulted=False), hip=hip,
+                     nope_q8=(prefill, decode) == (Q8_PREFILL, "tilelang"))
 
 
 def read_plan(path: str) -> int:
@@ -137,7 +142,7 @@ class ServerInfoCollector:
         if dtype is not None:
             prefill = info.get("dsa_prefill_backend") if info else None
             decode = info.get("dsa_decode_backend") if info else None
-            fam.add(1, dtype.removeprefix("torch."), kv_layout(dtype, prefill, decode))
+            fam.add(1, dtype.removeprefix("torch."), layout_of(dtype, prefill, decode))
         return fam
 
     def _mamba_families(self):

@@ -8,7 +8,7 @@ import pytest
 import sglang_lines as L
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
-from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, kv_layout, read_plan
+from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, layout_of, read_plan
 from hc_parts import exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -103,12 +103,15 @@ def test_garbage_inside_the_right_outline_is_counted(fake_server):
 
 
 def test_layouts():
-    assert kv_layout("torch.float8_e4m3fn", "tilelang", "tilelang") == "raw_fp8"
-    assert kv_layout("fp8_e4m3", "flashmla_sparse_q8", "tilelang") == "raw_fp8"
-    assert kv_layout("fp8_e4m3", "flashmla_sparse", "flashmla_sparse") == "scaled_fp8"
-    assert kv_layout("torch.float8_e4m3fnuz", "aiter", "aiter") == "raw_fp8"
-    assert kv_layout("torch.bfloat16", None, None) == "bf16"
-    assert kv_layout("torch.float8_e4m3fn", None, None) == "unknown"
+    assert layout_of("torch.float8_e4m3fn", "tilelang", "tilelang") == "raw_fp8"
+    assert layout_of("fp8_e4m3", "flashmla_sparse_q8", "tilelang") == "raw_fp8"
+    assert layout_of("fp8_e4m3", "flashmla_sparse", "flashmla_kv") == "scaled_fp8"
+    assert layout_of("fp8_e4m3", "trtllm", "trtllm") == "raw_fp8"
+    assert layout_of("torch.float8_e4m3fnuz", "aiter", "aiter") == "raw_fp8"
+    assert layout_of("fp8_e4m3", "triton", "triton") == "raw_fp8"  # /server_info alone on ROCm
+    assert layout_of("torch.bfloat16", None, None) == "bf16"
+    assert layout_of("torch.float8_e4m3fn", None, None) == "unknown"
+    assert layout_of("torch.float16", "tilelang", "tilelang") == "other"
 
 
 def test_plan(tmp_path):
