@@ -121,6 +121,8 @@ class ProcessWatcher(BackgroundLoop):
             server_ran = bool(siblings) and psutil.pid_exists(sched.launcher)
             self._vanished.append(_Vanished(sched, now, now + self.grace, server_ran))
         self._refresh_oom_counts(now)
+        if self.kmsg is not None:
+            self.kmsg.refresh()  # keep up with the kernel log (and say early when it is unreadable)
         self._vanished = [v for v in self._vanished if not self._settle(v, now)]
 
     def _scan(self) -> dict[int, Scheduler]:
