@@ -88,7 +88,8 @@ class LogFollower(BackgroundLoop):
     def _feed(self, data: bytes) -> None:
         cut = data.rfind(b"\n")
         if cut < 0:
-            self._partial += data
+            if not self._skipping:  # (the middle of an over-long line is dropped as it comes)
+                self._partial += data
         else:
             block, rest = self._partial + data[:cut], data[cut + 1:]
             self._partial = b""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 import sglang_lines as L
-from dsaops.healthchecks.logfollow import MAX_LINE, LogFollower
+from dsaops.healthchecks.logfollow import CHUNK, MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from hc_parts import wait_for
@@ -88,6 +88,19 @@ def test_garbage_is_counted_and_the_follower_recovers(tmp_path):
         assert state.kv["TP0"][1] == 4
     finally:
         f.stop()
+
+
+def test_an_endless_line_is_counted_once_and_memory_stays_bounded(tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_bytes(b"y" * (8 * CHUNK) + b"\n" + kv_line(8).encode())
+    state, errors = LogState(), ErrorCounts()
+    f = LogFollower(str(log), state, errors)
+    biggest = 0
+    while f.step():  # driven by hand: no thread, to watch the buffer
+        biggest = max(biggest, len(f._partial))
+    assert state.kv["TP0"][1] == 8
+    assert errors.counts()["log"] == 1
+    assert biggest <= MAX_LINE + CHUNK
 
 
 def test_a_line_cut_by_truncation_is_counted(tmp_path):
