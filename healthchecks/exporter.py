@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsaops.healthchecks.containers import ContainerCollector
+from dsaops.healthchecks.containers import ContainerCollector, Containers
 from dsaops.healthchecks.hostmem import HostMemoryCollector
 from dsaops.healthchecks.logfollow import LogCollector, LogFollower
 from dsaops.healthchecks.logparse import LogState
@@ -38,8 +38,9 @@ class Exporter:
         self.log = LogState() if cfg.log_file else None
         self.follower = LogFollower(cfg.log_file, self.log, self.errors) if cfg.log_file else None
         self.kmsg = KernelOomRecords(self.errors, cfg.kmsg)
+        self.containers = Containers(cfg.containers, self.errors, cfg.docker_url) if cfg.containers else None
         self.watcher = ProcessWatcher(self.errors, self.log, self.kmsg, interval=cfg.process_interval,
-                                      cgroup_root=cfg.cgroup_root)
+                                      cgroup_root=cfg.cgroup_root, containers=self.containers)
         self.poller = ServerInfoPoller(cfg.server_url, self.errors, interval=cfg.interval)
 
     def start(self) -> Exporter:
@@ -63,8 +64,8 @@ class Exporter:
                self.errors.collector(f)]
         if self.log is not None:
             out.append(LogCollector(self.log, f))
-        if self.cfg.containers:
-            out.append(ContainerCollector(self.cfg.containers, self.errors, f, self.cfg.docker_url))
+        if self.containers is not None:
+            out.append(ContainerCollector(self.containers, f))
         return out
 
     def scrape(self) -> bytes:

@@ -27,15 +27,13 @@ def live_ranks() -> list[str]:
 
 def container_problems(name: str, docker_url: str | None, timeout: float) -> list[str]:
     """What the Docker Engine says is wrong with the container SGLang runs in (a host-side check)."""
-    import docker
-    import requests.exceptions
+    from dsaops.healthchecks.containers import Containers
+    from dsaops.healthchecks.metrics import ErrorCounts
 
-    try:
-        client = docker.DockerClient(base_url=docker_url, timeout=timeout) if docker_url else docker.from_env(
-            timeout=timeout)
-        attrs = client.api.inspect_container(name)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-        return [f"container {name}: the Docker Engine did not say ({e})"]
+    attrs = Containers([name], ErrorCounts(), docker_url, timeout).inspect(name)
+    if attrs is None:
+        where = docker_url or "the default address"
+        return [f"container {name}: the Docker Engine did not say (no such container, or no engine at {where})"]
     state, problems = attrs["State"], []
     if state.get("Restarting") or not state.get("Running"):
         problems.append(f"container {name} is {state.get('Status')} (exit code {state.get('ExitCode')}, "

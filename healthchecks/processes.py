@@ -14,8 +14,9 @@ alive, and no clean stop in the log) or when the watchdog's "crashed" line names
 Vanishing together with its launcher or all its siblings, or after `SIGTERM received`, is a
 server stopping, not a death. The cause: the log's exit code (sigkill, …; a kernel OOM record
 for the same pid makes a sigkill `oom_kill`), else the kernel OOM record, else the cgroup's
-`memory.events` oom_kill count having grown, else `unknown`. The vanished process and the
-log line are one death: they are tied by pid.
+`memory.events` oom_kill count having grown, else Docker's `OOMKilled` for a watched
+container, else `unknown`. The vanished process and the log line are one death: they are
+tied by pid.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import psutil
+from dsaops.healthchecks.containers import Containers
 from dsaops.healthchecks.logparse import CAUSES, LogState, cause_of_exit_code, rank_label
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
@@ -79,10 +81,10 @@ class _Vanished:
 class ProcessWatcher(BackgroundLoop):
     def __init__(self, errors: ErrorCounts, log: LogState | None = None, kmsg: KernelOomRecords | None = None,
                  interval: float = 1.0, scan_interval: float = 5.0, grace: float = 3.0,
-                 cgroup_root: str = "/sys/fs/cgroup", proc_root: str = "/proc"):
+                 cgroup_root: str = "/sys/fs/cgroup", proc_root: str = "/proc", containers: Containers | None = None):
         super().__init__("processes", errors, interval)
         self.log, self.kmsg, self.scan_interval, self.grace = log, kmsg, scan_interval, grace
-        self.cgroup_root, self.proc_root = cgroup_root, proc_root
+        self.cgroup_root, self.proc_root, self.containers = cgroup_root, proc_root, containers
         self._next_scan = 0.0
         self._oom_counts: dict[str, int | None] = {}   # cgroup -> oom_kill at the last poll
         self._oom_grew_at: dict[str, float] = {}       # cgroup -> when that count last grew
@@ -193,6 +195,8 @@ class ProcessWatcher(BackgroundLoop):
             return "oom_kill"
         grew = self._oom_grew_at.get(v.proc.cgroup)
         if grew is not None and grew >= v.seen - 2 * self.interval:
+            return "oom_kill"
+        if self.containers is not None and self.containers.oom_killed():
             return "oom_kill"
         return "unknown"
 

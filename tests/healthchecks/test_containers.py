@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dsaops.healthchecks.containers import ContainerCollector
+from dsaops.healthchecks.containers import ContainerCollector, Containers
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from hc_parts import exposition, wait_for
 from need import need
@@ -60,7 +60,7 @@ def dockerd():
 def collect(names, url, errors=None):
     errors = errors or ErrorCounts()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ContainerCollector(names, errors, Families("n1"), base_url=url))
+    registry.register(ContainerCollector(Containers(names, errors, base_url=url), Families("n1")))
     return exposition(generate_latest(registry).decode()), errors
 
 
@@ -99,3 +99,10 @@ def test_healthcheck_asks_the_engine(dockerd, fake_server):
     assert any("restarting" in p or "exited" in p for p in check(fake_server.url, None, 3, "loop", dockerd["url"]))
     assert any("OOM killer" in p for p in check(fake_server.url, None, 3, "oom", dockerd["url"]))
     assert any("did not say" in p for p in check(fake_server.url, None, 3, "gone", dockerd["url"]))
+
+
+def test_oom_killed_container_is_a_cause(dockerd):
+    errors = ErrorCounts()
+    assert Containers(["calm", "oom"], errors, dockerd["url"]).oom_killed() is True
+    assert Containers(["calm", "loop"], errors, dockerd["url"]).oom_killed() is False
+    assert errors.counts()["docker"] == 0

@@ -105,6 +105,21 @@ def test_cgroup_oom_kill_count_names_the_cause(watched, launcher, tmp_path):
     assert wait_for(lambda: deaths(watched) == {("TP0", "oom_kill"): 1}, 5), deaths(watched)
 
 
+def test_docker_oom_killed_names_the_cause(watched, launcher):
+    """With no log line, kernel record or cgroup count, a watched container marked OOMKilled
+    (the Docker Engine's answer; test_containers reads it from a real dockerd) gives the cause."""
+
+    class OomKilledContainer:
+        def oom_killed(self):
+            return True
+
+    watched.containers = OomKilledContainer()
+    lch = launcher(TITLES)
+    assert ranks_up(watched, 4)
+    os.kill(lch.pids[2], signal.SIGKILL)
+    assert wait_for(lambda: deaths(watched) == {("TP2", "oom_kill"): 1}, 5), deaths(watched)
+
+
 def test_clean_stop_counts_nothing(watched, launcher):
     lch = launcher(TITLES)
     assert ranks_up(watched, 4)
