@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
 BIN = Path(sys.executable).parent
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 
 
 def available() -> str | None:
@@ -45,12 +45,12 @@ class Sandbox:
                       for i, name in enumerate(hosts)}
         self.key = workdir / "client_key"
         self.namespaces: list[str] = []
-        self.sshd_pids: list[int] = []
+        self.sshds: list[subprocess.Popen] = []
 
     def ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True)
 
-    def start(self) -> "Sandbox":
+    def start(self) -> Sandbox:
         self.workdir.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)], check=True)
@@ -83,12 +83,12 @@ class Sandbox:
             f"ListenAddress {host['address']}\nPort 22\nHostKey {d / 'hostkey'}\nPidFile {pidfile}\n"
             f"AuthorizedKeysFile {self.key}.pub\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "StrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\n")
-        subprocess.run(["ip", "netns", "exec", host["ns"], SSHD, "-f", str(d / "sshd_config")], check=True)
+        # -D: sshd stays our child (ip netns exec execs it), so stop() can reap it.
+        proc = subprocess.Popen(["ip", "netns", "exec", host["ns"], SSHD, "-D", "-f", str(d / "sshd_config")])
+        self.sshds.append(proc)
         for _ in range(100):
             if pidfile.exists() and pidfile.read_text().strip():
-                pid = int(pidfile.read_text())
-                self.sshd_pids.append(pid)
-                return pid
+                return int(pidfile.read_text())
             time.sleep(0.05)
         raise RuntimeError(f"sshd for {name} did not start")
 
@@ -96,19 +96,25 @@ class Sandbox:
         probe = f"import socket; socket.create_connection(({address!r}, 22), timeout=1).close()"
         for _ in range(50):
             if subprocess.run(["ip", "netns", "exec", self.ctl, sys.executable, "-c", probe],
-                              capture_output=True).returncode == 0:
+                              check=False, capture_output=True).returncode == 0:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"sshd on {address} does not answer")
 
     def stop(self) -> None:
-        for pid in self.sshd_pids:
-            try:
-                os.kill(pid, 15)
-            except ProcessLookupError:
-                pass
+        for proc in self.sshds:
+            proc.terminate()
+            proc.wait(timeout=10)
+        # Left in our namespaces: ssh control masters (ControlPersist) and their sshd sessions.
+        for ns in self.namespaces:
+            pids = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True).stdout
+            for pid in pids.split():
+                try:
+                    os.kill(int(pid), 15)
+                except ProcessLookupError:
+                    pass
         for ns in reversed(self.namespaces):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
     # --- per test -------------------------------------------------------------------------
 
@@ -130,7 +136,7 @@ class Sandbox:
     def run(self, argv: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
         """A command in the controller namespace (ansible-playbook, dsaops deploy)."""
         return subprocess.run(["ip", "netns", "exec", self.ctl, *argv], cwd=REPO, env=self.env(run_dir),
-                              capture_output=True, text=True, timeout=timeout)
+                              check=False, capture_output=True, text=True, timeout=timeout)
 
     def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml"):
         return self.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), *args],
@@ -165,5 +171,6 @@ def free_port_probe(ns: str, address: str, port: int) -> bool:
     """Whether a TCP connection from namespace `ns` to address:port is accepted."""
     probe = (f"import socket,sys\ntry: socket.create_connection(({address!r}, {port}), timeout=2).close()\n"
              "except OSError: sys.exit(1)")
-    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], capture_output=True).returncode == 0
+    result = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe], check=False, capture_output=True)
+    return result.returncode == 0
 
