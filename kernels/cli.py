@@ -1,0 +1,153 @@
+"""`dsaops kernels compile|supports`: build every decode kernel the dispatch can choose for a target,
+with no GPU, and report each one's shared memory against the target's budget.
+
+Compiling for sm_121a succeeds even when a kernel could never launch there (it asks for more
+shared memory than GB10 has), so the budget check reads the compiler's figure, not an estimate.
+Top-level imports stay stdlib-only (`dsaops --help` must not load torch or TileLang).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+_SMEM_ARG = re.compile(r"v_int64\) = \(\(int64_t\)(\d+)\);")
+_STATIC_SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+\w+\[(\d+)\];")
+_TYPE_BYTES = {"signed char": 1, "char": 1, "uchar": 1, "bool": 1, "half_t": 2, "bfloat16_t": 2,
+               "float": 4, "int": 4, "uint": 4, "double": 8, "uint64_t": 8}  # uint64_t: mbarriers
+
+
+@dataclass(frozen=True)
+class Built:
+    target: str
+    tile: object        # tiles.Tile, or None for the split combine kernel
+    d_tail: int | None
+    smem_bytes: int     # dynamic + static shared memory of the compiled kernel
+    budget: int
+
+    @property
+    def fits(self) -> bool:
+        return self.smem_bytes <= self.budget
+
+    @property
+    def kernel(self) -> str:
+        return "combine" if self.tile is None else f"decode {self.tile.name} d_tail={self.d_tail}"
+
+
+def shared_memory_bytes(host_source: str, device_source: str, name: str) -> int:
+    """Dynamic shared memory (the last launch argument pushed before `name`'s kernel call in the
+    host source) plus the static `__shared__` arrays of the device source."""
+    call = host_source.find(f"if ({name}_kernel_packed == NULL)")
+    if call < 0:
+        raise RuntimeError(f"no launch of {name}_kernel in the host source: TileLang's codegen changed")
+    # the launch pushes a dynamic-shared-memory size only when the kernel declares `extern __shared__`
+    dynamic = int(_SMEM_ARG.findall(host_source[:call])[-1]) if "extern __shared__" in device_source else 0
+    static = 0
+    for ctype, count in _STATIC_SHARED.findall(device_source):
+        if ctype not in _TYPE_BYTES:
+            raise RuntimeError(f"unknown shared array type {ctype!r} in {name}_kernel")
+        static += _TYPE_BYTES[ctype] * int(count)
+    return dynamic + static
+
+
+def _build(job) -> tuple:
+    target_name, tile, d_tail, cache_dir = job
+    if cache_dir:
+        os.environ["TILELANG_CACHE_DIR"] = cache_dir
+    from dsaops.kernels.decode import compile_kernel
+
+    from dsaops import targets
+
+    target = targets.get(target_name)
+    try:
+        kernel = compile_kernel(target, tile, d_tail)
+    except Exception as e:  # noqa: BLE001 - TVM errors do not pickle back to the parent process
+        raise RuntimeError(f"{target_name} {tile} d_tail={d_tail}: {type(e).__name__}: {e}") from None
+    name = "combine" if tile is None else "decode"
+    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), kernel.get_kernel_source(), name)
+
+
+def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
+          workers: int | None = None) -> list[Built]:
+    """Compile (tile, d_tail) kernels for a target in parallel processes; default: every one the
+    dispatch can choose, plus the combine kernel. Returns one Built per kernel."""
+    from dsaops.kernels import tiles
+
+    from dsaops import targets
+
+    target = targets.get(target_name)
+    if target.vendor != "nvidia":
+        raise ValueError(f"{target_name}: kernels are compiled for NVIDIA targets only "
+                         f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
+    if jobs is None:
+        jobs = sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str) + [(None, None)]
+    work = [(target_name, tile, dt, cache_dir) for tile, dt in jobs]
+    workers = workers or min(len(work), os.cpu_count() or 1)
+    if workers == 1:
+        done = [_build(w) for w in work]
+    else:
+        import multiprocessing
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            done = list(pool.map(_build, work))
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes) for tile, dt, smem in done]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("kernels", help="compile the TileLang decode kernels for a target; query support")
+    ksub = p.add_subparsers(dest="kernels_command", metavar="ACTION", required=True)
+    c = ksub.add_parser("compile", help="compile every decode configuration the dispatch can choose (no GPU needed)")
+    c.add_argument("--target", required=True, help="a name from `dsaops targets` (sm_90, sm_121)")
+    c.add_argument("--cache-dir", help="TILELANG_CACHE_DIR for the compiled kernels "
+                                       "(default $DSAOPS_CACHE/tilelang)")
+    c.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: CPU count)")
+    c.set_defaults(func=run_compile)
+    s = ksub.add_parser("supports", help="exit 0 if sparse_mla_decode_fp8 handles this geometry, else 1")
+    s.add_argument("--heads", type=int, required=True)
+    s.add_argument("--d-qk", type=int, required=True, help="q/kv row width: d_v + d_tail")
+    s.add_argument("--d-v", type=int, default=512)
+    s.add_argument("--topk", type=int, required=True)
+    s.add_argument("--kv-dtype", default="float8_e4m3fn")
+    s.set_defaults(func=run_supports)
+
+
+def run_compile(args) -> int:
+    from dsaops.kernels import tiles
+
+    from dsaops import targets
+    from dsaops.cli import UserError
+
+    target = targets.get(args.target)
+    if target.vendor != "nvidia":
+        raise UserError(f"{args.target} is not an NVIDIA target; `dsaops kernels compile` takes "
+                        f"{', '.join(n for n, t in targets.table().items() if t.vendor == 'nvidia')}")
+    try:
+        import tilelang  # noqa: F401
+    except ImportError:
+        raise UserError("TileLang is not installed: pip install 'dsaops[kernels]' (tilelang==0.1.12)") from None
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
+    built = {(b.tile, b.d_tail): b for b in build(args.target, cache_dir=cache_dir, workers=args.jobs)}
+    print(f"{'heads':>5} {'d_tail':>6}  {'tile':<14} {'shared memory':>14} {'budget':>8}  fits")
+    for heads, d_tail, tile in tiles.configurations(target):
+        b = built[(tile, d_tail)]
+        print(f"{heads:>5} {d_tail:>6}  {tile.name:<14} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO'}")
+    comb = built[(None, None)]
+    print(f"{'any':>5} {'-':>6}  {'combine':<14} {comb.smem_bytes:>14,} {comb.budget:>8,}  {'yes' if comb.fits else 'NO'}")
+    over = [b for b in built.values() if not b.fits]
+    if over:
+        print(f"{len(over)} kernel(s) exceed {args.target}'s shared memory: {', '.join(b.kernel for b in over)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_supports(args) -> int:
+    from dsaops.kernels.decode import decode_supported
+
+    ok = decode_supported(args.heads, args.d_qk, args.d_v, args.topk, args.kv_dtype)
+    print("supported" if ok else "not supported")
+    return 0 if ok else 1

@@ -1,0 +1,153 @@
+"""Host side of the raw-fp8 sparse-MLA decode: checks, tile and split choice, compiled-kernel cache.
+
+The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
+`@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into a plain
+dict, the device's target/SM count is read once, and a call does a few shape checks, two or
+three `torch.empty`, and one or two launches.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+from dsaops.kernels import tiles
+
+FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
+# Splits whose blocks see fewer rows than this cost more in the combine than they win.
+_MIN_TILES_PER_SPLIT = 2
+
+_compiled: dict = {}
+_tile_for = functools.cache(tiles.choose)  # (target, heads) -> Tile, once per process
+
+
+def _cache_dir() -> str:
+    root = os.environ.get("DSAOPS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsaops")
+    return os.path.join(root, "tilelang")
+
+
+def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
+    """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile, or the combine
+    kernel when tile is None. Returns a tilelang JITKernel."""
+    os.environ.setdefault("TILELANG_CACHE_DIR", _cache_dir())
+    import tilelang
+    from dsaops.kernels import decode_tl
+
+    configs = {}
+    if tile is None:
+        program = decode_tl.combine_program(d_v)
+    elif tile.warp_specialized:
+        from dsaops.kernels import decode_ws
+
+        program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, fp8_dtype=target.fp8_dtype)
+        # row ids are the caller's contract (< slots), as in SGLang's kernels; the bounds guards
+        # TileLang would add cost a compare per 16-byte copy
+        configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
+    else:
+        program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype)
+    return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
+
+
+def _kernel(target, tile, d_tail):
+    key = (target.name, tile, d_tail)
+    k = _compiled.get(key)
+    if k is None:
+        k = _compiled[key] = compile_kernel(target, tile, d_tail)
+    return k
+
+
+@functools.cache
+def _device_facts(index: int):
+    """(target, SM count) of a CUDA/HIP device, read once."""
+    import torch
+
+    from dsaops import targets
+
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        target = targets.get("gfx942")
+    else:
+        cc = f"{props.major}.{props.minor}"
+        target = targets.by_compute_capability(cc)
+        if target is None:
+            raise ValueError(f"no dsaops target for compute capability {cc}; see `dsaops targets`")
+    return target, props.multi_processor_count
+
+
+def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
+    """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): the largest power of two
+    that keeps the grid within one wave of `sm_count` blocks, divides the steps, and leaves each
+    split >= 2 tiles."""
+    blocks = S * -(-heads // tile.heads_per_block)
+    per_step = tile.rows_per_step // tile.block_rows
+    n = 1
+    while (blocks * n * 2 <= sm_count and steps % (n * 2) == 0
+           and steps // (n * 2) * per_step >= _MIN_TILES_PER_SPLIT):
+        n *= 2
+    return n
+
+
+def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> bool:
+    """Whether sparse_mla_decode_fp8 handles this geometry (the routing patch asks before routing)."""
+    kv_name = str(kv_dtype).removeprefix("torch.")
+    return (d_v == tiles.D_V and d_qk - d_v in tiles.D_TAILS and kv_name in FP8_NAMES
+            and num_heads >= 1 and topk >= 1)
+
+
+def _check(q, kv, indices, d_v):
+    import torch
+
+    if q.dim() != 3 or kv.dim() != 3 or indices.dim() != 3:
+        raise ValueError(f"want q [S, H, d], kv [slots, 1, d], indices [S, 1, topk]; got "
+                         f"{tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
+    S, H, width = q.shape
+    if not decode_supported(H, width, d_v, indices.shape[2], kv.dtype):
+        raise ValueError(f"unsupported geometry: heads {H} (>= 1), d_v {d_v} (512), "
+                         f"d_tail {width - d_v} (0 or 64), kv dtype {kv.dtype} (raw fp8)")
+    if kv.shape[1] != 1 or kv.shape[2] != width:
+        raise ValueError(f"kv must be [slots, 1, {width}] (rows as wide as q), got {tuple(kv.shape)}")
+    if indices.shape[0] != S or indices.shape[1] != 1 or indices.dtype != torch.int32:
+        raise ValueError(f"indices must be int32 [{S}, 1, topk], got {indices.dtype} {tuple(indices.shape)}")
+    if not (q.is_cuda and kv.device == q.device and indices.device == q.device):
+        raise ValueError("q, kv and indices must be on the same GPU")
+    if not (q.is_contiguous() and kv.is_contiguous() and indices.is_contiguous()):
+        raise ValueError("q, kv and indices must be contiguous")
+
+
+def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False):
+    """Sparse-MLA decode over a raw fp8 KV pool.
+
+    q [S, H, d_v + d_tail] bf16 (fp8 accepted), kv [slots, 1, d_v + d_tail] raw fp8 (one row a
+    token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
+    [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
+    is zeros) when return_lse. q is rounded to fp8 inside the kernel for the QK^T product.
+    """
+    _check(q, kv, indices, d_v)
+    return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None)
+
+
+def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None):
+    """sparse_mla_decode_fp8 without the input checks, with an optional forced tile (benchmarks)."""
+    import torch
+
+    S, H, width = q.shape
+    target, sm_count = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    tile = tile or _tile_for(target, H)
+    if q.dtype != torch.bfloat16:
+        q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
+    topk = indices.shape[2]
+    rows = tile.rows_per_step
+    if topk % rows:
+        indices = torch.nn.functional.pad(indices, (0, rows - topk % rows), value=-1)
+    n_split = choose_split(S, H, indices.shape[2] // rows, tile, sm_count)
+
+    part_o = torch.empty((S, n_split, H, d_v), dtype=torch.bfloat16, device=q.device)
+    part_lse = torch.empty((S, n_split, H), dtype=torch.float32, device=q.device)
+    _kernel(target, tile, width - d_v)(q, kv, indices, float(sm_scale), part_o, part_lse)
+    if n_split == 1:
+        out, lse = part_o.view(S, H, d_v), part_lse.view(S, H)
+    else:
+        out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((S, H), dtype=torch.float32, device=q.device)
+        _kernel(target, None, None)(part_o, part_lse, out, lse)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,172 @@
+"""TileLang programs for raw-fp8 sparse-MLA decode (the kernels; the host side is decode.py).
+
+One block owns one query and up to 64 of its heads, so each gathered KV tile is read from HBM
+once for all of them (SGLang 0.5.23 uses 16-head blocks and reads every tile four times at
+H=64). Per tile of `block_rows` top-k rows:
+  gather fp8 rows -> shared (pipelined, `stages` deep)
+  S = Q_fp8 . K_fp8^T          fp8 tensor-core product, both operands K-major (wgmma on sm_90)
+  online softmax in fp32       masked rows forced to -inf after the product, so garbage rows never leak
+  V_f16 = upcast(K_fp8[:, :d_v]) in shared memory: e4m3 values are exact in fp16, HBM traffic stays fp8
+  O += P_f16 . V_f16           fp16 product (P in [0, 1] keeps 11 bits, vs bf16's 8)
+A split over top-k (grid y) writes per-split outputs (bf16) and log-sum-exps; `combine` merges them
+in fp32. With one split the decode kernel's output is the answer. Every shape that varies per call
+(S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
+"""
+
+import tilelang.language as T
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
+
+
+def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"):
+    """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
+    (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
+    fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
+    run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1)."""
+    HB, BI = tile.heads_per_block, tile.block_rows
+    D, Dt = d_v, d_tail
+    width = D + Dt
+    acc = T.float32
+
+    S = T.dynamic("S")
+    H = T.dynamic("H")
+    topk = T.dynamic("topk")
+    slots = T.dynamic("slots")
+    n_split = T.dynamic("n_split")
+    tiles = topk // BI // n_split
+    head_blocks = T.ceildiv(H, HB)
+
+    @T.prim_func
+    def decode(
+        q: T.Tensor([S, H, width], T.bfloat16),
+        kv: T.Tensor([slots, 1, width], fp8_dtype),
+        indices: T.Tensor([S, 1, topk], T.int32),
+        sm_scale: T.float32,
+        out: T.Tensor([S, n_split, H, D], T.bfloat16),
+        lse: T.Tensor([S, n_split, H], acc),
+    ):
+        with T.Kernel(S * head_blocks, n_split, threads=tile.threads) as (bx, by):
+            q_s = T.alloc_shared([HB, D], fp8_dtype)
+            k_s = T.alloc_shared([BI, D], fp8_dtype)
+            if Dt:
+                qt_s = T.alloc_shared([HB, Dt], fp8_dtype)
+                kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
+            v_s = T.alloc_shared([BI, D], T.float16)
+            p_s = T.alloc_shared([HB, BI], T.float16)
+            valid = T.alloc_shared([BI], T.bool)  # shared: as a fragment it got a replicated layout
+
+            acc_s = T.alloc_fragment([HB, BI], acc)
+            acc_o = T.alloc_fragment([HB, D], acc)
+            m = T.alloc_fragment([HB], acc)
+            m_prev = T.alloc_fragment([HB], acc)
+            alpha = T.alloc_fragment([HB], acc)
+            row_sum = T.alloc_fragment([HB], acc)
+            tile_sum = T.alloc_fragment([HB], acc)
+
+            s_i = bx // head_blocks
+            h0 = (bx % head_blocks) * HB
+            scale2 = sm_scale * LOG2E
+
+            # Padded heads (H < HB) get zero rows: their scores are 0, harmless, never written out.
+            for h, d in T.Parallel(HB, D):
+                q_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
+            if Dt:
+                for h, d in T.Parallel(HB, Dt):
+                    qt_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+            T.fill(acc_o, 0)
+            T.fill(row_sum, 0)
+            T.fill(m, NEG_BIG)
+
+            for t in T.Pipelined(tiles, num_stages=tile.stages):
+                base = (by * tiles + t) * BI
+                for r in T.Parallel(BI):
+                    valid[r] = indices[s_i, 0, base + r] >= 0
+                for r, d in T.Parallel(BI, D):
+                    k_s[r, d] = kv[T.max(indices[s_i, 0, base + r], 0), 0, d]
+                if Dt:
+                    for r, d in T.Parallel(BI, Dt):
+                        kt_s[r, d] = kv[T.max(indices[s_i, 0, base + r], 0), 0, D + d]
+
+                T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                if Dt:
+                    T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                # Masked rows: V zeroed and score -inf AFTER the product, so a NaN in slot 0 cannot leak.
+                for r, d in T.Parallel(BI, D):
+                    v_s[r, d] = T.if_then_else(valid[r], k_s[r, d].astype(T.float16), 0)
+                for h, r in T.Parallel(HB, BI):
+                    acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
+
+                T.copy(m, m_prev)
+                T.reduce_max(acc_s, m, dim=1, clear=False)
+                for h in T.Parallel(HB):
+                    alpha[h] = T.exp2((m_prev[h] - m[h]) * scale2)
+                for h, r in T.Parallel(HB, BI):
+                    acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
+                T.reduce_sum(acc_s, tile_sum, dim=1)
+                for h in T.Parallel(HB):
+                    row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h]
+                for h, d in T.Parallel(HB, D):
+                    acc_o[h, d] *= alpha[h]
+                T.copy(acc_s, p_s)
+                T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+
+            # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
+            for h, d in T.Parallel(HB, D):
+                if h0 + h < H:
+                    out[s_i, by, h0 + h, d] = (acc_o[h, d] / T.if_then_else(row_sum[h] == 0, 1.0, row_sum[h])).astype(
+                        T.bfloat16)
+            for h in T.Parallel(HB):
+                if h0 + h < H:
+                    lse[s_i, by, h0 + h] = T.if_then_else(
+                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+
+    return decode
+
+
+def combine_program(d_v: int, *, heads_per_cta: int = 8, threads: int = 128):
+    """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k)."""
+    acc = T.float32
+    S = T.dynamic("S")
+    H = T.dynamic("H")
+    n_split = T.dynamic("n_split")
+    HC, D = heads_per_cta, d_v
+
+    @T.prim_func
+    def combine(
+        part_o: T.Tensor([S, n_split, H, D], T.bfloat16),
+        part_lse: T.Tensor([S, n_split, H], acc),
+        out: T.Tensor([S, H, D], T.bfloat16),
+        lse: T.Tensor([S, H], acc),
+    ):
+        with T.Kernel(S, T.ceildiv(H, HC), threads=threads) as (s_i, hb):
+            h0 = hb * HC
+            top = T.alloc_fragment([HC], acc)
+            total = T.alloc_fragment([HC], acc)
+            w = T.alloc_fragment([HC], acc)
+            o = T.alloc_fragment([HC, D], acc)
+            T.fill(top, -T.infinity(acc))
+            T.fill(total, 0)
+            T.fill(o, 0)
+            for k in T.serial(n_split):
+                for h in T.Parallel(HC):
+                    if h0 + h < H:
+                        top[h] = T.max(top[h], part_lse[s_i, k, h0 + h])
+            for k in T.serial(n_split):
+                for h in T.Parallel(HC):
+                    # every split empty -> top = -inf: weight 0 instead of exp(-inf + inf) = NaN
+                    w[h] = T.if_then_else((h0 + h < H) and (top[h] > -T.infinity(acc)),
+                                          T.exp2((part_lse[s_i, k, h0 + h] - top[h]) * LOG2E), 0)
+                    total[h] += w[h]
+                for h, d in T.Parallel(HC, D):
+                    if h0 + h < H:
+                        o[h, d] += w[h] * part_o[s_i, k, h0 + h, d]
+            for h, d in T.Parallel(HC, D):
+                if h0 + h < H:
+                    out[s_i, h0 + h, d] = (o[h, d] / T.if_then_else(total[h] == 0, 1.0, total[h])).astype(T.bfloat16)
+            for h in T.Parallel(HC):
+                if h0 + h < H:
+                    lse[s_i, h0 + h] = T.if_then_else(total[h] == 0, -T.infinity(acc), T.log(total[h]) + top[h])
+
+    return combine

@@ -1,0 +1,82 @@
+"""Tile choice per target, from the targets table (dsaops/targets.toml) alone.
+
+A tile is what one compiled decode kernel is specialised for; everything else (S, H up to the
+block's head count, top-k, pool size, split count) is a run-time shape. The shared-memory
+estimate mirrors the buffers decode_tl.py allocates; CI compiles every tile and checks the
+compiler's real figure against the budget too (the estimate only picks, the compiler decides).
+Stdlib only: the CLI and the routing patch import this without torch or TileLang.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+D_V = 512
+D_TAILS = (0, 64)
+HEAD_COUNTS = (8, 16, 32, 64, 128)
+# Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
+# (block_rows, stages)
+_CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
+
+
+@dataclass(frozen=True)
+class Tile:
+    heads_per_block: int  # heads one block owns (16, 32 or 64): each KV tile is read once for all of them
+    block_rows: int       # top-k rows gathered per pipeline step
+    stages: int           # depth of the gather ring
+    threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
+    warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two consumer warpgroups
+
+    @property
+    def name(self) -> str:
+        return f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
+
+    @property
+    def rows_per_step(self) -> int:
+        """Top-k granularity of a split: the warp-specialised kernel handles tiles in pairs."""
+        return self.block_rows * (2 if self.warp_specialized else 1)
+
+
+def heads_per_block(heads: int) -> int:
+    """All heads of a query in one block up to 64 (more than 64 split into 64-head blocks),
+    rounded up to a power of two >= 16 (the tensor-core row granularity)."""
+    if heads < 1:
+        raise ValueError(f"heads must be >= 1, got {heads}")
+    return min(64, max(16, 1 << (heads - 1).bit_length()))
+
+
+def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
+    """Dynamic shared memory of the decode kernel for this tile (see decode_tl.decode_program)."""
+    width = d_v + d_tail
+    hb, br = tile.heads_per_block, tile.block_rows
+    return (hb * width                  # Q in fp8
+            + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
+            + br * d_v * 2              # V upcast to fp16
+            + hb * br * 2               # P in fp16
+            + br)                       # row-valid flags
+
+
+def choose(target, heads: int, d_tail: int = 64) -> Tile:
+    """The tile the dispatch uses for `heads` on `target` (a dsaops.targets.Target).
+
+    Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
+    """
+    hb = heads_per_block(heads)
+    budget = target.smem_per_block_bytes
+    # Hopper with a full 64-head block: the warp-specialised kernel (its ring is the 64-row, 2-deep
+    # one). DSAOPS_DECODE_WS=0 selects the portable pipelined kernel instead (diagnostics).
+    ws = Tile(64, 64, 2, threads=384, warp_specialized=True)
+    if (hb == 64 and target.has("wgmma") and smem_bytes(ws, d_tail) <= budget
+            and os.environ.get("DSAOPS_DECODE_WS", "1") != "0"):
+        return ws
+    for rows, stages in _CANDIDATES:
+        # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
+        tile = Tile(hb, rows, stages, threads=256 if rows >= 64 or hb >= 64 else 128)
+        if smem_bytes(tile, d_tail) <= budget:
+            return tile
+    raise ValueError(f"no decode tile for {heads} heads fits {target.name}'s {budget} B of shared memory")
+
+
+def configurations(target) -> list[tuple[int, int, Tile]]:
+    """Every (heads, d_tail, tile) the dispatch can choose on `target` (top-k and S are symbolic)."""
+    return [(h, dt, choose(target, h)) for h in HEAD_COUNTS for dt in D_TAILS]

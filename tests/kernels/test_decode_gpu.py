@@ -1,0 +1,114 @@
+"""sparse_mla_decode_fp8 against the fp32 reference, on a GPU (run with `make test-gpu`).
+
+Error budget held to (spread case, same fp8-quantized q and kv in both): the kernel's products
+are exact fp8 x fp8 and exact fp8-in-fp16 V with fp32 accumulation; what rounds is P to fp16
+(2^-11 relative), each split's output to bf16 (2^-9) and the final output to bf16 (2^-9):
+at most ~0.5% relative (norm-wise far less). The test allows 1.0% (SGLang 0.5.23: 1.9%).
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dsaops.kernels import reference, sparse_mla_decode_fp8
+
+pytestmark = pytest.mark.gpu
+FP8 = torch.float8_e4m3fn
+D_V = 512
+SLOTS = 1 << 16
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def make(S, H, d_tail, topk, *, seed=0, slots=SLOTS):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    width = D_V + d_tail
+    kv = torch.randn((slots, 1, width), generator=g, device="cuda").to(FP8)
+    # q pre-rounded to fp8: the kernel multiplies fp8 q, so kernel and reference see the same inputs
+    q = torch.randn((S, H, width), generator=g, device="cuda").to(FP8).to(torch.bfloat16)
+    # distinct rows per query, never slot 0 (tests that want it put it there)
+    idx = torch.stack([torch.randperm(slots - 1, generator=g, device="cuda")[:topk] + 1 for _ in range(S)])
+    return q, kv, idx[:, None, :].to(torch.int32).contiguous()
+
+
+@pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize("d_tail", [0, 64])
+@pytest.mark.parametrize("S", [1, 37])
+def test_spread_case_within_budget(H, d_tail, S):
+    q, kv, idx = make(S, H, d_tail, 2048, seed=H + d_tail + S)
+    scale = (D_V + d_tail) ** -0.5
+    out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
+    assert out.shape == (S, H, D_V) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= 0.01
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
+def test_scrambled_indices_fail_the_comparator():
+    """Negative control: the comparator must see a wrong row set (>= 50% error)."""
+    q, kv, idx = make(8, 64, 0, 2048, seed=1)
+    scrambled = torch.randint(0, SLOTS, idx.shape, device="cuda", dtype=torch.int32)
+    out = sparse_mla_decode_fp8(q, kv, scrambled, D_V**-0.5)
+    assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) >= 0.5
+
+
+@pytest.mark.parametrize("S", [1, 64])
+def test_one_hot_returns_the_row(S):
+    """q equal to one row's key with a huge scale: softmax is exactly one-hot, out is that row's V."""
+    _, kv, idx = make(S, 64, 64, 2048, seed=2)
+    pick = torch.randint(0, 2048, (S,), device="cuda")
+    rows = kv[idx[:, 0, :].gather(1, pick[:, None]).squeeze(1).long(), 0]  # [S, 576] fp8
+    q = rows[:, None, :].to(torch.bfloat16).expand(S, 64, -1).contiguous()
+    out = sparse_mla_decode_fp8(q, kv, idx, 1000.0)
+    want = rows[:, None, :D_V].float().expand_as(out)
+    assert rel_err(out, want) <= 1e-6
+
+
+def test_single_unmasked_index_is_exact_and_masked_rows_are_ignored():
+    q, kv, idx = make(16, 64, 0, 2048, seed=3)
+    keep = torch.randint(0, 2048, (16,), device="cuda")
+    masked = torch.full_like(idx, -1)
+    masked.scatter_(2, keep[:, None, None], idx.gather(2, keep[:, None, None]))
+    kv[0] = torch.full(kv[0].shape, float("nan"), device="cuda").to(FP8)  # what masked (-1) rows must never reach
+    out = sparse_mla_decode_fp8(q, kv, masked, D_V**-0.5)
+    want = kv[masked.max(dim=2).values[:, 0].long(), 0, :D_V].float()[:, None, :].expand_as(out)
+    assert rel_err(out, want) <= 1e-6
+
+
+@pytest.mark.parametrize("S", [2, 48])
+def test_random_masks_match_reference_and_all_masked_row_is_zero(S):
+    q, kv, idx = make(S, 32, 64, 1024, seed=4)
+    idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.3, -1, idx).to(torch.int32)
+    idx[0] = -1
+    out, lse = sparse_mla_decode_fp8(q, kv, idx, 576**-0.5, return_lse=True)
+    ref = reference.sparse_mla_decode(q, kv, idx, 576**-0.5)
+    assert not torch.isnan(out).any()
+    assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
+    assert rel_err(out[1:], ref[1:]) <= 0.01
+
+
+def test_first_and_last_slot_and_unpadded_topk():
+    """Indices at slot 0 and slots-1, and a top-k that is not a multiple of the row tile."""
+    q, kv, idx = make(4, 16, 0, 100, seed=5)
+    idx[:, 0, 0] = 0
+    idx[:, 0, -1] = SLOTS - 1
+    out = sparse_mla_decode_fp8(q, kv, idx, D_V**-0.5)
+    assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
+
+
+def test_bf16_q_error_is_reported_against_unquantized_reference():
+    """q in bf16 is rounded to fp8 inside; against the bf16-q reference the error is larger but bounded."""
+    q, kv, idx = make(8, 64, 0, 2048, seed=6)
+    q = q + 0.01 * torch.randn_like(q)  # no longer fp8-exact
+    out = sparse_mla_decode_fp8(q, kv, idx, D_V**-0.5)
+    assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.05
+
+
+def test_bad_input_says_what_to_change():
+    q, kv, idx = make(1, 16, 0, 64, seed=7)
+    with pytest.raises(ValueError, match="d_tail"):
+        sparse_mla_decode_fp8(q[..., :500].contiguous(), kv, idx, 1.0)
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
