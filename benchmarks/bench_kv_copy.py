@@ -82,28 +82,40 @@ def _cases(rows, pool_rows, width, d_nope, dev):
 def run(rows=65536, pool_rows=1 << 20, widths=(512, 576), sweep=True, copy_tb_s=None, device="cuda") -> list[dict]:
     """One dict per kernel and row width (d=512: NoPE GLM-5.3-Flash; 576: 512 + 64 RoPE) at the default tile and,
     with sweep, at the other BLOCK_M values (default=False), so one GPU run shows whether another tile is better.
-    copy_tb_s: the copy bandwidth measured by the caller (TB/s, read + write); measured here when None."""
+    copy_tb_s: the copy bandwidth measured by the caller (TB/s, read + write); measured here when None.
+    A case that fails becomes a row with "error" (the decode driver writes its results after this returns)."""
     copy_gbps = copy_tb_s * 1e3 if copy_tb_s else copy_gb_s()
     results = []
     for width in widths:
-        for name, module, calls, nbytes in _cases(rows, pool_rows, width, 512, device):
+        try:
+            cases = _cases(rows, pool_rows, width, 512, device)
+        except Exception as e:  # noqa: BLE001 - reported in the results, not fatal to the caller's run
+            results.append({"kernel": "setup", "rows": rows, "width": width, "error": f"{type(e).__name__}: {e}"})
+            continue
+        for name, module, calls, nbytes in cases:
             default = module.BLOCK_M
             for block in [default] + ([b for b in (8, 16, 32, 64) if b != default] if sweep else []):
-                with _block_m(module, block):
-                    us = _bench_us(_rotating(calls))
-                gbps = nbytes / us / 1e3
-                results.append({"kernel": name, "rows": rows, "width": width, "block_m": block,
-                                "default": block == default, "us": round(us, 2), "bytes": nbytes,
-                                "gb_s": round(gbps, 1), "copy_gb_s": round(copy_gbps, 1),
-                                "pct_of_copy": round(100 * gbps / copy_gbps, 1)})
-                print("kv_copy", json.dumps(results[-1]), flush=True)
+                row = {"kernel": name, "rows": rows, "width": width, "block_m": block, "default": block == default}
+                try:
+                    with _block_m(module, block):
+                        us = _bench_us(_rotating(calls))
+                except Exception as e:  # noqa: BLE001 - as above
+                    row["error"] = f"{type(e).__name__}: {str(e)[-300:]}"
+                else:
+                    gbps = nbytes / us / 1e3
+                    row |= {"us": round(us, 2), "bytes": nbytes, "gb_s": round(gbps, 1),
+                            "copy_gb_s": round(copy_gbps, 1), "pct_of_copy": round(100 * gbps / copy_gbps, 1)}
+                results.append(row)
+                print("kv_copy", json.dumps(row), flush=True)
     return results
 
 
 def markdown(results: list[dict]) -> str:
     lines = ["| kernel | rows | row bytes | BLOCK_M | µs | GB/s | % of copy |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['kernel']} | {r['rows']} | {r['width']} | {r['block_m']}{'' if r['default'] else ' (sweep)'} | "
-              f"{r['us']} | {r['gb_s']} | {r['pct_of_copy']} |" for r in results]
+    for r in results:
+        timing = f"{r['us']} | {r['gb_s']} | {r['pct_of_copy']}" if "us" in r else f"{r['error']} | |"
+        tile = f"{r.get('block_m', '')}{' (sweep)' if r.get('default') is False else ''}"
+        lines.append(f"| {r['kernel']} | {r['rows']} | {r['width']} | {tile} | {timing} |")
     return "\n".join(lines)
 
 

@@ -28,3 +28,16 @@ def test_run_reports_every_kernel_width_and_sweep_tile(monkeypatch):
     assert write_512["pct_of_copy"] == round(100 * write_512["bytes"] / 10.0 / 1e3 / 100.0, 1)
     assert (kv_write.BLOCK_M, kv_gather.BLOCK_M) == tiles  # the sweep puts the defaults back
     assert "| gather_kv_rows | 64 | 576 |" in bench.markdown(results)
+
+
+def test_a_failing_case_is_a_row_not_an_exception(monkeypatch):
+    """The decode bench driver writes its JSON after calling run(): an error here must not lose its results."""
+    def broken(fn):
+        raise RuntimeError("no graph here")
+
+    monkeypatch.setattr(bench, "_bench_us", broken)
+    results = bench.run(rows=8, pool_rows=16, widths=(512,), sweep=False, copy_tb_s=1.0, device="cpu")
+    assert [r["error"] for r in results] == ["RuntimeError: no graph here"] * 2
+    assert "RuntimeError: no graph here" in bench.markdown(results)
+    results = bench.run(rows=8, pool_rows=16, widths=(512,), copy_tb_s=1.0, device="no-such-device")
+    assert [r["kernel"] for r in results] == ["setup"] and "error" in results[0]
