@@ -26,6 +26,7 @@ class Built:
     d_tail: int | None
     smem_bytes: int     # dynamic + static shared memory of the compiled kernel
     budget: int
+    uses_wgmma: bool    # Hopper tensor-core instructions in the device code
 
     @property
     def fits(self) -> bool:
@@ -66,7 +67,8 @@ def _build(job) -> tuple:
     except Exception as e:  # noqa: BLE001 - TVM errors do not pickle back to the parent process
         raise RuntimeError(f"{target_name} {tile} d_tail={d_tail}: {type(e).__name__}: {e}") from None
     name = "combine" if tile is None else "decode"
-    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), kernel.get_kernel_source(), name)
+    device = kernel.get_kernel_source()
+    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device
 
 
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
@@ -92,7 +94,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             done = list(pool.map(_build, work))
-    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes) for tile, dt, smem in done]
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma) for tile, dt, smem, wgmma in done]
 
 
 def add_parser(sub) -> None:

@@ -1,0 +1,103 @@
+"""Host-side choices of the decode (tile per target, split over top-k, support predicate, input
+checks, CLI), which run without a GPU."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from dsaops.kernels import decode_supported, tiles
+from dsaops.kernels.decode import choose_split
+
+from dsaops import targets
+from dsaops.cli import main as dsaops_main
+
+FP8 = "float8_e4m3fn"
+
+
+def test_importing_the_package_loads_neither_torch_nor_tilelang():
+    code = ("import sys, dsaops.kernels as k; k.decode_supported(64, 512, 512, 2048, 'float8_e4m3fn'); "
+            "print(sorted(m for m in ('torch', 'tilelang', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("heads", "block_heads"), [(8, 16), (16, 16), (32, 32), (64, 64), (128, 64)])
+def test_tiles_come_from_the_targets_table(heads, block_heads):
+    for name in ("sm_90", "sm_121", "gfx942"):
+        t = targets.get(name)
+        tile = tiles.choose(t, heads)
+        assert tile.heads_per_block == block_heads
+        assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
+        # only Hopper (wgmma in its features) gets the warp-specialised kernel, and only for full blocks
+        assert tile.warp_specialized == (t.has("wgmma") and block_heads == 64)
+
+
+def test_gb10_gets_smaller_tiles_than_hopper():
+    hopper, gb10 = targets.get("sm_90"), targets.get("sm_121")
+    for heads in tiles.HEAD_COUNTS:
+        assert tiles.smem_bytes(tiles.choose(gb10, heads), 64) < tiles.smem_bytes(tiles.choose(hopper, heads), 64)
+        assert tiles.smem_bytes(tiles.choose(hopper, heads), 64) > gb10.smem_per_block_bytes
+
+
+def test_no_tile_fits_a_tiny_budget():
+    tiny = dataclasses.replace(targets.get("sm_121"), smem_per_block_bytes=16384)
+    with pytest.raises(ValueError, match="16384 B of shared memory"):
+        tiles.choose(tiny, 64)
+
+
+def test_portable_kernel_can_be_forced_on_hopper(monkeypatch):
+    monkeypatch.setenv("DSAOPS_DECODE_WS", "0")
+    assert not tiles.choose(targets.get("sm_90"), 64).warp_specialized
+
+
+@pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
+                                                  (1, 16, 16), (64, 16, 2), (128, 128, 1)])
+def test_split_fills_the_sms_without_starving_a_split(S, heads, want):
+    tile = tiles.choose(targets.get("sm_90"), heads)
+    steps = 2048 // tile.rows_per_step
+    n = choose_split(S, heads, steps, tile, sm_count=132)
+    assert n == want
+    assert steps % n == 0 and steps // n * tile.rows_per_step // tile.block_rows >= 2
+    assert n == 1 or S * -(-heads // tile.heads_per_block) * n <= 132  # one wave at most
+
+
+@pytest.mark.parametrize(("args", "ok"), [
+    ((64, 512, 512, 2048, FP8), True),
+    ((16, 576, 512, 2048, "torch.float8_e4m3fn"), True),
+    ((128, 576, 512, 64, "float8_e4m3fnuz"), True),
+    ((64, 512, 512, 2048, "bfloat16"), False),   # bf16 pool: SGLang's own kernel
+    ((64, 544, 512, 2048, FP8), False),          # d_tail 32
+    ((64, 256, 256, 2048, FP8), False),          # d_v 256
+    ((0, 512, 512, 2048, FP8), False),
+])
+def test_support_predicate(args, ok):
+    assert decode_supported(*args) is ok
+
+
+def test_cli_supports_exit_codes(capsys):
+    assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "512", "--topk", "2048"]) == 0
+    assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "544", "--topk", "2048"]) == 1
+    assert capsys.readouterr().out.split() == ["supported", "not", "supported"]
+
+
+@pytest.mark.parametrize(("target", "message"), [("gfx942", "not an NVIDIA target"), ("sm_99", "valid targets")])
+def test_cli_compile_refuses_bad_targets(capsys, target, message):
+    assert dsaops_main(["kernels", "compile", "--target", target]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_decode_input_errors_say_what_to_change():
+    torch = pytest.importorskip("torch")
+    from dsaops.kernels import sparse_mla_decode_fp8
+
+    q = torch.zeros((2, 16, 512), dtype=torch.bfloat16)
+    kv = torch.zeros((64, 1, 512), dtype=torch.float8_e4m3fn)
+    idx = torch.zeros((2, 1, 64), dtype=torch.int32)
+    with pytest.raises(ValueError, match="same GPU"):
+        sparse_mla_decode_fp8(q, kv, idx, 1.0)
+    with pytest.raises(ValueError, match=r"kv must be \[slots, 1, 512\]"):
+        sparse_mla_decode_fp8(q, kv[:, :, :256].contiguous().view(64, 1, 256).repeat(1, 2, 1), idx, 1.0)
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
+    with pytest.raises(ValueError, match="d_v 256"):
+        sparse_mla_decode_fp8(q, kv, idx, 1.0, d_v=256)
