@@ -149,14 +149,15 @@ def recap(output: str) -> dict[str, dict[str, int]]:
             for m in RECAP.finditer(output)}
 
 
-def fake_kernel(root: Path, sshd_pid: int, memfree_kib: int = 100 * 1024 * 1024) -> None:
-    """The kernel files the roles read and write, under a host's root prefix, with kernel defaults."""
+def fake_kernel(root: Path, sshd_pid: int, memtotal_kib: int = 127_000_000, memfree_kib: int = 100_000_000) -> None:
+    """The kernel files the roles read and write, under a host's root prefix, with kernel defaults
+    and a GB10's memory (128 GB)."""
     vm = root / "proc/sys/vm"
     vm.mkdir(parents=True)
     for key, value in {"min_free_kbytes": 67584, "vfs_cache_pressure": 100, "watermark_boost_factor": 15000,
                        "drop_caches": 0, "compact_memory": 0}.items():
         (vm / key).write_text(f"{value}\n")
-    (root / "proc/meminfo").write_text(f"MemTotal:       {2 * memfree_kib} kB\nMemFree:        {memfree_kib} kB\n")
+    (root / "proc/meminfo").write_text(f"MemTotal:       {memtotal_kib} kB\nMemFree:        {memfree_kib} kB\n")
     (root / "run").mkdir()
     (root / "run/sshd.pid").write_text(f"{sshd_pid}\n")
     (root / f"proc/{sshd_pid}").mkdir()

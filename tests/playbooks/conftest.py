@@ -30,7 +30,7 @@ def cluster(sandbox, tmp_path):
         host = {name: sandbox.host_vars(name, roots[name]) for name in HOSTS}
         cluster_vars = {"dsaops_target": "sm_121", "dsaops_gpus_per_node": 1, "dsaops_tp_size": 2,
                         "dsaops_cluster_interface": "clu0", "preflight_require_gpu": False,
-                        "host_memory_min_free_kbytes": 524288, **overrides.pop("cluster_vars", {})}
+                        **overrides.pop("cluster_vars", {})}
         groups = overrides.pop("groups", {"dsaops_head": ["node1"], "dsaops_workers": ["node2"]})
         inventory = {"all": {"children": {
             "dsaops_cluster": {"vars": cluster_vars, "children": {

@@ -36,10 +36,10 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
 
     node1 = roots["node1"]
     sysctl = (node1 / "etc/sysctl.d/90-dsaops-host-memory.conf").read_text()
-    assert "vm.min_free_kbytes = 524288" in sysctl
-    assert "vm.vfs_cache_pressure = 200" in sysctl        # the unified-memory (GB10) profile
+    assert "vm.min_free_kbytes = 2097152" in sysctl         # the unified-memory (GB10) defaults
+    assert "vm.vfs_cache_pressure = 200" in sysctl
     assert "vm.watermark_boost_factor = 0" in sysctl
-    assert (node1 / "proc/sys/vm/min_free_kbytes").read_text().strip() == "524288"   # applied
+    assert (node1 / "proc/sys/vm/min_free_kbytes").read_text().strip() == "2097152"   # applied
     assert (node1 / "proc/sys/vm/drop_caches").read_text().strip() == "0"            # not started: no drop
     sshd_pid = sandbox.hosts["node1"]["pid"]
     assert (node1 / f"proc/{sshd_pid}/oom_score_adj").read_text().strip() == "-900"

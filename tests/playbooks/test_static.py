@@ -126,3 +126,13 @@ def test_generated_flags_exist_in_pinned_sglang():
         assert flag in flags, f"{flag} is not a sglang 0.5.23 launch_server flag"
         if value and flags[flag]:
             assert value[0] in flags[flag], f"{flag} {value[0]} not in {flags[flag]}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-i", "no-such-cluster"], "inventory 'no-such-cluster' not found; give a file or one of: dgx-spark-2x, h20-8gpu"),
+    (["-i", "local", "--tags", "preflight,gpus"], "unknown phase(s) gpus; phases: preflight, host_memory"),
+    (["-i", "local", "--print-commands", "--check"], "--print-commands renders commands only"),
+])
+def test_deploy_refuses_bad_input(argv, message):
+    result = _run(sys.executable, "-m", "dsaops", "deploy", *argv)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
