@@ -116,11 +116,15 @@ class Progress:
     def __init__(self, quiet: bool, verbose: bool):
         self.quiet, self.verbose = quiet, verbose
         self.failures: list[str] = []
+        self.play: str | None = None   # printed with its first task: plays left without hosts stay silent
 
     def on_event(self, event: dict) -> bool:
         kind, data = event.get("event", ""), event.get("event_data", {})
-        if kind == "playbook_on_play_start" and not self.quiet:
-            print(f"== {data.get('play', '')}", flush=True)
+        if kind == "playbook_on_play_start":
+            self.play = data.get("play", "")
+        elif kind == "playbook_on_task_start" and self.play is not None and not self.quiet:
+            print(f"== {self.play}", flush=True)
+            self.play = None
         elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res", {})
             message = res.get("msg") or res.get("stderr") or res
@@ -131,7 +135,7 @@ class Progress:
             changed = data.get("res", {}).get("changed")
             if changed or self.verbose:
                 print(f"   {'changed' if changed else 'ok':<8}{data.get('host')}: {data.get('task')}", flush=True)
-        return False  # events are not kept on disk beyond the temporary folder
+        return True  # keep the event: the run's stats (the summary) are read back from the events
 
 
 def print_summary(stats: dict, check: bool) -> None:
