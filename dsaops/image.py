@@ -60,8 +60,8 @@ def _target(name: str):
 
 
 def _host_platform() -> str:
-    machine = platform.machine()
-    return next((p for p, m in _ARCH.items() if m == machine or p.endswith(machine)), f"linux/{machine}")
+    machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(platform.machine(), platform.machine())
+    return next((p for p, m in _ARCH.items() if m == machine), f"linux/{machine}")
 
 
 def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -23,8 +23,9 @@ TARGET = "sm_90"
 OFFLINE_BASE_ARGS = ("SYSTEM_PACKAGES=python3 python3-venv", "SGLANG_DEPS=none")
 
 
-def image_build(env: dict, source: Path, context: Path, tag: str, base: str, *build_args: str):
-    cmd = [sys.executable, "-m", "dsaops", "image", "build", "--arch", TARGET, "--stage", "patched", "--offline",
+def image_build(env: dict, source: Path, context: Path, tag: str, base: str, *build_args: str,
+                arch: str = TARGET, stage: str = "patched"):
+    cmd = [sys.executable, "-m", "dsaops", "image", "build", "--arch", arch, "--stage", stage, "--offline",
            "--context", str(context), "--tag", tag, "--sglang-wheel", str(sglang_wheel()),
            "--build-arg", f"BASE_IMAGE={base}"]
     for arg in (*OFFLINE_BASE_ARGS, *build_args):
@@ -108,3 +109,20 @@ def test_docker_stop_reaches_the_server_through_the_entrypoint(dockerd, patched,
         assert "SIGTERM received" in docker(dockerd, "logs", name).stdout  # docker logs shows it too
     finally:
         docker(dockerd, "rm", "-f", name, check=False)
+
+
+def test_a_base_that_carries_sglang_is_patched_in_place(dockerd, local_base, patched, tmp_path):
+    """gfx942's path (the ROCm base ships SGLang): here the `engine` stage built above stands in for that base."""
+    out = image_build(dockerd, REPO, tmp_path / "c1", "ci-engine", local_base, stage="engine")
+    assert out.returncode == 0, out.stderr[-3000:]
+    out = image_build(dockerd, REPO, tmp_path / "c2", "ci-carried", "dsaops/sglang:ci-engine", arch="gfx942")
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = docker(dockerd, "run", "--rm", "--network", "none", "dsaops/sglang:ci-carried", "dsaops", "patches", "status")
+    assert run.stdout.strip() == f"applied: series sha256 {load().sha256}"
+    assert not list((tmp_path / "c2" / "sglang").iterdir())  # no SGLang wheel went into the context
+
+
+def test_a_base_without_sglang_is_refused_where_the_target_expects_one(dockerd, local_base, tmp_path):
+    out = image_build(dockerd, REPO, tmp_path / "context", "ci-nosglang", local_base, arch="gfx942")
+    assert out.returncode != 0
+    assert "no SGLang in this image: the base must carry it" in out.stdout + out.stderr
