@@ -9,6 +9,7 @@ two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLa
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import platform
 import shlex
@@ -228,9 +229,25 @@ def build_wheel(dest: Path) -> Path:
     return next(dest.glob("dsaops-*.whl"))
 
 
+CONTEXT_ENTRIES = ("entrypoint.sh", "dsaops", "sglang")
+
+
 def stage_context(context: Path, sglang_wheel: Path | None) -> None:
-    """Fill the build context: the entrypoint, the project's wheel, and the SGLang wheel (if any)."""
-    shutil.rmtree(context, ignore_errors=True)
+    """Fill the build context: the entrypoint, the project's wheel, and the SGLang wheel (if any).
+
+    Only a folder that is empty or holds a context staged before is emptied: a mistyped
+    --context must not cost anyone their files.
+    """
+    foreign = sorted(e.name for e in context.iterdir() if e.name not in CONTEXT_ENTRIES) if context.is_dir() else []
+    if foreign or (context.exists() and not context.is_dir()):
+        raise _user_error(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
+                          "give an empty or new folder, or one an earlier `dsaops image build` staged")
+    for name in CONTEXT_ENTRIES:
+        entry = context / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
     (context / "sglang").mkdir(parents=True)
     shutil.copy2(IMAGES / "entrypoint.sh", context / "entrypoint.sh")
     build_wheel(context / "dsaops")
@@ -278,6 +295,9 @@ def run(args) -> int:
         print(render(p))
         return 0
     check_engine()
+    if importlib.util.find_spec("pip") is None:
+        raise _user_error(f"{sys.executable} has no pip, which builds the project's wheel: install it "
+                          "(sudo apt-get install python3-pip) or run `make venv` first")
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
     wheel = None

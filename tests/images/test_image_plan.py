@@ -14,7 +14,8 @@ from dsaops.sglang_patches.apply import SGLANG_PIN
 from dsaops.sglang_patches.series import load
 from image_parts import REPO, copy_sources
 
-from dsaops.image import build_wheel
+from dsaops.cli import UserError
+from dsaops.image import build_wheel, stage_context
 
 TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
 
@@ -172,3 +173,11 @@ def test_makefile_fragment_is_listed_by_make_help():
                          check=True).stdout
     assert "make image " in out and "make image-plan" in out
 
+
+
+def test_a_context_folder_with_other_files_is_refused_and_kept(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "sglang").mkdir()
+    with pytest.raises(UserError, match=r"holds other things \(notes.txt\)"):
+        stage_context(tmp_path, None)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "sglang").is_dir()
