@@ -4,6 +4,7 @@ The hosts have no GPU and no systemd: preflight_require_gpu=false takes the docu
 no-GPU path (everything rendered, nothing started). Machine-wide writes land under each
 host's root prefix and are asserted there.
 """
+import re
 import subprocess
 import sys
 
@@ -68,7 +69,9 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     # Second run through `dsaops deploy`: nothing left to change.
     again = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-2")
     assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-3000:]
-    assert "changed 0 thing(s) (already as wanted)" in again.stdout, again.stdout[-3000:]
+    assert "summary: 3 host(s), changed 0 thing(s) (already as wanted)" in again.stdout, again.stdout[-3000:]
+    for host in ("node1", "node2", "mon"):     # host, ok, changed, failed, unreachable
+        assert re.search(rf"^{host}\s+[1-9]\d*\s+0\s+0\s+0\s", again.stdout, re.MULTILINE), again.stdout[-3000:]
 
     # Only cluster nodes reach the dist-init port: a listener on the head, probed from the
     # worker (a cluster node) and from the controller namespace (not one).
