@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--tiles", nargs="*", default=[],
-                   help="extra tiles to time as heads:rows:stages:threads (development; printed, not in the JSON)")
+                   help="extra tiles to time as heads:rows:stages:threads[:ws] (printed, not in the JSON)")
     args = p.parse_args(argv)
 
     import torch
@@ -227,15 +227,15 @@ def main(argv=None) -> int:
             cases.append(row)
             print(json.dumps(row), flush=True)
             for spec in args.tiles:
-                hb, rows, stages, threads = (int(x) for x in spec.split(":"))
-                if hb == heads_per_block(H):
-                    t = Tile(hb, rows, stages, threads)
+                hb, rows, stages, threads, *ws = spec.split(":")
+                if int(hb) == heads_per_block(H):
+                    t = Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=ws == ["ws"])
                     try:
                         us = round(graph_us(functools.partial(
                             decode_with_tile, q, kv_fp8, idx, scale, D_V, False, tile=t)), 2)
                     except Exception as e:  # noqa: BLE001 - a development tile that fails is reported, not fatal
                         us = f"{type(e).__name__}: {str(e)[-200:]}"
-                    extra.append({"H": H, "S": S, "tile": t.name + f"_t{threads}", "us": us})
+                    extra.append({"H": H, "S": S, "tile": f"{t.name}_t{t.threads}", "us": us})
                     print("tile", json.dumps(extra[-1]), flush=True)
     kv_bf16 = None
     result = {"gpu": gpu, "copy_tb_s": round(copy_tb_s, 3), "fp8_mm_tflops": round(fp8_tflops, 1), "cases": cases}
@@ -246,6 +246,10 @@ def main(argv=None) -> int:
         json.dump(result, f, indent=1)
     print(f"\n{gpu}  copy {copy_tb_s:.2f} TB/s  fp8 mm {fp8_tflops:.0f} TFLOP/s  (us; x = SGLang fp8 / dsaops)")
     print(f"{'H':>3} {'S':>4} {'dsaops':>8} {'sgl fp8':>8} {'sgl bf16':>8} {'roof':>6} {'%roof':>6} {'x':>5} {'host':>6} err")
+    for r in result.get("kv_copy", []):
+        if r.get("default", True):
+            print(f"kv {r['kernel']} rows {r['rows']} width {r['width']}: "
+                  + (f"{r['us']} us, {r['pct_of_copy']}% of copy" if "us" in r else r.get("error", "")))
     for c in cases:
         x = c["sglang_fp8_us"] / c["dsaops_fp8_us"] if c["sglang_fp8_us"] else float("nan")
         print(f"{c['H']:>3} {c['S']:>4} {c['dsaops_fp8_us']:>8.1f} {c['sglang_fp8_us'] or 0:>8.1f} "

@@ -81,7 +81,7 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     blocks = S * -(-heads // tile.heads_per_block)
     per_step = tile.rows_per_step // tile.block_rows
     n = 1
-    while (blocks * n * 2 <= sm_count and steps % (n * 2) == 0
+    while (blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0
            and steps // (n * 2) * per_step >= _MIN_TILES_PER_SPLIT):
         n *= 2
     return n

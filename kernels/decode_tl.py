@@ -14,6 +14,7 @@ in fp32. With one split the decode kernel's output is the answer. Every shape th
 """
 
 import tilelang.language as T
+from dsaops.kernels.tiles import MAX_SPLITS
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -125,8 +126,10 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     return decode
 
 
-def combine_program(d_v: int, *, heads_per_cta: int = 8, threads: int = 128):
-    """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k)."""
+def combine_program(d_v: int, *, heads_per_cta: int = 4, threads: int = 128):
+    """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k).
+    The split loop is unrolled to MAX_SPLITS (guarded by n_split) so every split's loads are in
+    flight together: a loop over a run-time count waited one memory latency per split."""
     acc = T.float32
     S = T.dynamic("S")
     H = T.dynamic("H")
@@ -142,26 +145,27 @@ def combine_program(d_v: int, *, heads_per_cta: int = 8, threads: int = 128):
     ):
         with T.Kernel(S, T.ceildiv(H, HC), threads=threads) as (s_i, hb):
             h0 = hb * HC
+            lse_s = T.alloc_shared([MAX_SPLITS, HC], acc)
             top = T.alloc_fragment([HC], acc)
             total = T.alloc_fragment([HC], acc)
-            w = T.alloc_fragment([HC], acc)
             o = T.alloc_fragment([HC, D], acc)
+            for k, h in T.Parallel(MAX_SPLITS, HC):
+                lse_s[k, h] = T.if_then_else((k < n_split) and (h0 + h < H), part_lse[s_i, k, h0 + h], -T.infinity(acc))
             T.fill(top, -T.infinity(acc))
             T.fill(total, 0)
             T.fill(o, 0)
-            for k in T.serial(n_split):
+            for k in T.unroll(MAX_SPLITS):
                 for h in T.Parallel(HC):
-                    if h0 + h < H:
-                        top[h] = T.max(top[h], part_lse[s_i, k, h0 + h])
-            for k in T.serial(n_split):
+                    top[h] = T.max(top[h], lse_s[k, h])
+            # weights in place; every split empty -> top = -inf: weight 0 instead of exp(-inf + inf) = NaN
+            for k, h in T.Parallel(MAX_SPLITS, HC):
+                lse_s[k, h] = T.if_then_else(top[h] > -T.infinity(acc), T.exp2((lse_s[k, h] - top[h]) * LOG2E), 0)
+            for k in T.unroll(MAX_SPLITS):
                 for h in T.Parallel(HC):
-                    # every split empty -> top = -inf: weight 0 instead of exp(-inf + inf) = NaN
-                    w[h] = T.if_then_else((h0 + h < H) and (top[h] > -T.infinity(acc)),
-                                          T.exp2((part_lse[s_i, k, h0 + h] - top[h]) * LOG2E), 0)
-                    total[h] += w[h]
+                    total[h] += lse_s[k, h]
                 for h, d in T.Parallel(HC, D):
-                    if h0 + h < H:
-                        o[h, d] += w[h] * part_o[s_i, k, h0 + h, d]
+                    if (k < n_split) and (h0 + h < H):
+                        o[h, d] += lse_s[k, h] * part_o[s_i, k, h0 + h, d]
             for h, d in T.Parallel(HC, D):
                 if h0 + h < H:
                     out[s_i, h0 + h, d] = (o[h, d] / T.if_then_else(total[h] == 0, 1.0, total[h])).astype(T.bfloat16)

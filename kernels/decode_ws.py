@@ -86,20 +86,21 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
     def produce(i, b, kl, kr, kt, valid, ready, free, kv, indices, idx, s_i, base, row_in_pass, chunk):
         """Warpgroup 2, one tile: gather the rows into one ring buffer (16 threads a row)."""
         T.barrier_wait(free[0], (i & 1) ^ 1)
-        for p in T.serial(BI // 8):
+        for p in T.unroll(BI // 8):  # all of this thread's row ids first: one memory latency, not eight
+            idx[p] = indices[s_i, 0, base + p * 8 + row_in_pass]
+        for p in T.unroll(BI // 8):
             r = p * 8 + row_in_pass
-            idx[0] = indices[s_i, 0, base + r]
-            valid[r] = idx[0] >= 0
-            if idx[0] >= 0:  # masked rows are not read: their scores and V are zeroed by the consumers
+            valid[r] = idx[p] >= 0
+            if idx[p] >= 0:  # masked rows are not read: their scores and V are zeroed by the consumers
                 # explicit cp.async (16 B); an `async_scope` copy loop stays synchronous in TileLang 0.1.12
                 T.ptx_cp_async(T.access_ptr(kl[r, chunk * 16], "w", 16),
-                               T.access_ptr(kv[idx[0], 0, chunk * 16], "r", 16), 16)
+                               T.access_ptr(kv[idx[p], 0, chunk * 16], "r", 16), 16)
                 T.ptx_cp_async(T.access_ptr(kr[r, chunk * 16], "w", 16),
-                               T.access_ptr(kv[idx[0], 0, half + chunk * 16], "r", 16), 16)
+                               T.access_ptr(kv[idx[p], 0, half + chunk * 16], "r", 16), 16)
                 if Dt:  # noqa: SIM102 - a trace-time test around a device-side one
                     if chunk < Dt // 16:
                         T.ptx_cp_async(T.access_ptr(kt[r, chunk * 16], "w", 16),
-                                       T.access_ptr(kv[idx[0], 0, D + chunk * 16], "r", 16), 16)
+                                       T.access_ptr(kv[idx[p], 0, D + chunk * 16], "r", 16), 16)
         T.cp_async_barrier_noinc(ready[0])
 
     @T.prim_func
@@ -137,7 +138,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             alpha = T.alloc_fragment([HB], acc)
             row_sum = T.alloc_fragment([HB], acc)
             tile_sum = T.alloc_fragment([HB], acc)
-            idx = T.alloc_local([1], T.int32)
+            idx = T.alloc_local([BI // 8], T.int32)
 
             k0_ready = T.alloc_barrier(128)
             k1_ready = T.alloc_barrier(128)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 D_V = 512
 D_TAILS = (0, 64)
 HEAD_COUNTS = (8, 16, 32, 64, 128)
+MAX_SPLITS = 16  # most splits of top-k the host chooses; the combine kernel unrolls over this many
 # Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
 # (block_rows, stages)
 _CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
@@ -56,19 +57,23 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
             + br)                       # row-valid flags
 
 
-def choose(target, heads: int, d_tail: int = 64) -> Tile:
+WS_TILE = Tile(64, 64, 2, threads=384, warp_specialized=True)
+
+
+def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None) -> Tile:
     """The tile the dispatch uses for `heads` on `target` (a dsaops.targets.Target).
 
     Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
+    warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
+    DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
+    see BENCHMARKS.md, so it is opt-in until its per-tile cost is found).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
-    # Hopper with a full 64-head block: the warp-specialised kernel (its ring is the 64-row, 2-deep
-    # one). DSAOPS_DECODE_WS=0 selects the portable pipelined kernel instead (diagnostics).
-    ws = Tile(64, 64, 2, threads=384, warp_specialized=True)
-    if (hb == 64 and target.has("wgmma") and smem_bytes(ws, d_tail) <= budget
-            and os.environ.get("DSAOPS_DECODE_WS", "1") != "0"):
-        return ws
+    if warp_specialized is None:
+        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
+    if warp_specialized and hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget:
+        return WS_TILE
     for rows, stages in _CANDIDATES:
         # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
         tile = Tile(hb, rows, stages, threads=256 if rows >= 64 or hb >= 64 else 128)
@@ -78,5 +83,7 @@ def choose(target, heads: int, d_tail: int = 64) -> Tile:
 
 
 def configurations(target) -> list[tuple[int, int, Tile]]:
-    """Every (heads, d_tail, tile) the dispatch can choose on `target` (top-k and S are symbolic)."""
-    return [(h, dt, choose(target, h)) for h in HEAD_COUNTS for dt in D_TAILS]
+    """Every (heads, d_tail, tile) the dispatch can choose on `target` (top-k and S are symbolic),
+    the opt-in warp-specialised tile included."""
+    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws))
+                              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True)))

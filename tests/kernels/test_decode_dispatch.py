@@ -25,11 +25,12 @@ def test_importing_the_package_loads_neither_torch_nor_tilelang():
 def test_tiles_come_from_the_targets_table(heads, block_heads):
     for name in ("sm_90", "sm_121", "gfx942"):
         t = targets.get(name)
-        tile = tiles.choose(t, heads)
-        assert tile.heads_per_block == block_heads
-        assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
-        # only Hopper (wgmma in its features) gets the warp-specialised kernel, and only for full blocks
-        assert tile.warp_specialized == (t.has("wgmma") and block_heads == 64)
+        for ws in (False, True):
+            tile = tiles.choose(t, heads, warp_specialized=ws)
+            assert tile.heads_per_block == block_heads
+            assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
+            # only Hopper (wgmma in its features) can take the warp-specialised kernel, for full blocks
+            assert tile.warp_specialized == (ws and t.has("wgmma") and block_heads == 64)
 
 
 def test_gb10_gets_smaller_tiles_than_hopper():
@@ -45,15 +46,19 @@ def test_no_tile_fits_a_tiny_budget():
         tiles.choose(tiny, 64)
 
 
-def test_portable_kernel_can_be_forced_on_hopper(monkeypatch):
-    monkeypatch.setenv("DSAOPS_DECODE_WS", "0")
-    assert not tiles.choose(targets.get("sm_90"), 64).warp_specialized
+def test_warp_specialised_kernel_is_opt_in(monkeypatch):
+    hopper = targets.get("sm_90")
+    monkeypatch.delenv("DSAOPS_DECODE_WS", raising=False)
+    assert not tiles.choose(hopper, 64).warp_specialized
+    monkeypatch.setenv("DSAOPS_DECODE_WS", "1")
+    assert tiles.choose(hopper, 64).warp_specialized
+    assert tiles.WS_TILE in {tile for _, _, tile in tiles.configurations(hopper)}  # compiled in CI too
 
 
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
                                                   (1, 16, 16), (64, 16, 2), (128, 128, 1)])
 def test_split_fills_the_sms_without_starving_a_split(S, heads, want):
-    tile = tiles.choose(targets.get("sm_90"), heads)
+    tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64)
     steps = 2048 // tile.rows_per_step
     n = choose_split(S, heads, steps, tile, sm_count=132)
     assert n == want
