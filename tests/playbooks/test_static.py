@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from ansible_sandbox import BIN, PLAYBOOKS, REPO
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
@@ -136,3 +137,34 @@ def test_generated_flags_exist_in_pinned_sglang():
 def test_deploy_refuses_bad_input(argv, message):
     result = _run(sys.executable, "-m", "dsaops", "deploy", *argv)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def _detect(tmp_path, target: str, smi_output: str):
+    """preflight on this machine (local connection) with a fake nvidia-smi first on PATH."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' '{smi_output}'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    inventory = tmp_path / "local.yml"
+    here = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    cluster = {"vars": {"dsaops_target": target, "dsaops_cluster_interface": "lo", "dsaops_cluster_address": "127.0.0.1",
+                        "preflight_ports": [1], "dsaops_dist_init_port": 2},   # ports nothing here listens on
+               "children": {"dsaops_head": {"hosts": {"here": here}}}}
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": cluster}}}))
+    env = {**ENV, "PATH": f"{fake}{os.pathsep}{ENV['PATH']}"}
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "cluster.yml"),
+                           "--tags", "preflight"], check=False, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_preflight_maps_compute_capability_to_target(tmp_path):
+    detected = _detect(tmp_path, "auto", "12.1, 580.95.05, NVIDIA GB10")
+    assert detected.returncode == 0, detected.stdout[-3000:]
+    assert "here: target sm_121 (detected), 1 GPU(s), driver 580.95.05, unified memory True" in \
+        " ".join(detected.stdout.split())
+
+
+def test_preflight_refuses_a_target_the_gpus_contradict(tmp_path):
+    refused = _detect(tmp_path, "sm_90", "12.1, 580.95.05, NVIDIA GB10")
+    assert refused.returncode != 0
+    assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in " ".join(refused.stdout.split())
