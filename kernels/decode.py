@@ -44,7 +44,8 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
         # TileLang would add cost a compare per 16-byte copy
         configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
     else:
-        program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype)
+        program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
+                                           row_stats_in_shared=not target.has("wgmma"))
     return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
 
 

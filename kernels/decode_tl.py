@@ -21,11 +21,14 @@ LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
 
 
-def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"):
+def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
     (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
-    run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1)."""
+    run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1).
+    row_stats_in_shared: pass the per-head rescale and sum to the PV accumulator through shared
+    memory. Needed where mma.sync (no wgmma) gives the score and output fragments different row
+    owners, which TileLang rejects as a layout conflict (sm_121's 64-head tile)."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail
     width = D + Dt
@@ -62,7 +65,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             acc_o = T.alloc_fragment([HB, D], acc)
             m = T.alloc_fragment([HB], acc)
             m_prev = T.alloc_fragment([HB], acc)
-            alpha = T.alloc_fragment([HB], acc)
+            alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
+            final_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else None
             row_sum = T.alloc_fragment([HB], acc)
             tile_sum = T.alloc_fragment([HB], acc)
 
@@ -114,9 +118,13 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
             # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
+            denom = row_sum
+            if row_stats_in_shared:
+                T.copy(row_sum, final_sum)
+                denom = final_sum
             for h, d in T.Parallel(HB, D):
                 if h0 + h < H:
-                    out[s_i, by, h0 + h, d] = (acc_o[h, d] / T.if_then_else(row_sum[h] == 0, 1.0, row_sum[h])).astype(
+                    out[s_i, by, h0 + h, d] = (acc_o[h, d] / T.if_then_else(denom[h] == 0, 1.0, denom[h])).astype(
                         T.bfloat16)
             for h in T.Parallel(HB):
                 if h0 + h < H:
