@@ -134,3 +134,20 @@ def test_gb10_prestart_drops_caches_when_memfree_is_low(sandbox, cluster, tmp_pa
     assert (roots["node1"] / "proc/sys/vm/drop_caches").read_text().strip() == "3"
     assert (roots["node1"] / "proc/sys/vm/compact_memory").read_text().strip() == "1"
     assert (roots["node2"] / "proc/sys/vm/drop_caches").read_text().strip() == "0"
+
+
+def test_taken_port_stops_before_any_change(sandbox, cluster, tmp_path):
+    write, _ = cluster
+    before = snapshot(tmp_path / "roots")
+    node1 = sandbox.hosts["node1"]
+    listener = subprocess.Popen(["ip", "netns", "exec", node1["ns"], sys.executable, "-m", "http.server", "30000",
+                                 "--bind", node1["address"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: free_port_probe(node1["ns"], node1["address"], 30000))
+        result = sandbox.playbook(write(), tmp_path / "run")
+    finally:
+        listener.terminate()
+        listener.wait()
+    assert result.returncode != 0
+    assert "node1: port(s) 30000 already in use by another process" in " ".join(result.stdout.split())
+    assert snapshot(tmp_path / "roots") == before
