@@ -127,7 +127,9 @@ class Progress:
             self.play = None
         elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res", {})
-            message = res.get("msg") or res.get("stderr") or res
+            # A looped task fails with "One or more items failed": the items carry the messages.
+            items = [r.get("msg") for r in res.get("results", []) if r.get("failed") and r.get("msg")]
+            message = " ".join(items) or res.get("msg") or res.get("stderr") or res
             line = f"{data.get('host')}: {data.get('task')}: {message}"
             self.failures.append(line)
             print(f"   FAILED {line}", file=sys.stderr, flush=True)

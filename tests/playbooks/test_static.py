@@ -168,3 +168,14 @@ def test_preflight_refuses_a_target_the_gpus_contradict(tmp_path):
     refused = _detect(tmp_path, "sm_90", "12.1, 580.95.05, NVIDIA GB10")
     assert refused.returncode != 0
     assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in " ".join(refused.stdout.split())
+
+
+def test_one_target_and_image_on_every_node(tmp_path):
+    inventory = (PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
+        "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n              dsaops_image: mine:1")
+    path = tmp_path / "mixed.yml"
+    path.write_text(inventory)
+    result = print_commands(str(path))
+    assert result.returncode != 0
+    assert "image differs between nodes ({'spark-1': 'dsaops/sglang:0.5.23-sm_121', 'spark-2': 'mine:1'})" in \
+        " ".join(result.stderr.split())
