@@ -21,6 +21,24 @@ LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
 
 
+@T.macro
+def online_softmax(acc_s, acc_o, m, m_prev, alpha, row_sum, tile_sum, scale2):
+    """One tile of online softmax: scores -> probabilities (in acc_s), the running max and sum
+    updated, the output accumulator rescaled by alpha = 2^((old max - new max) * scale)."""
+    heads, rows = acc_s.shape
+    T.copy(m, m_prev)
+    T.reduce_max(acc_s, m, dim=1, clear=False)
+    for h in T.Parallel(heads):
+        alpha[h] = T.exp2((m_prev[h] - m[h]) * scale2)
+    for h, r in T.Parallel(heads, rows):
+        acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
+    T.reduce_sum(acc_s, tile_sum, dim=1)
+    for h in T.Parallel(heads):
+        row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h]
+    for h, d in T.Parallel(heads, acc_o.shape[1]):
+        acc_o[h, d] *= alpha[h]
+
+
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
     (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
@@ -103,17 +121,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 for h, r in T.Parallel(HB, BI):
                     acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
 
-                T.copy(m, m_prev)
-                T.reduce_max(acc_s, m, dim=1, clear=False)
-                for h in T.Parallel(HB):
-                    alpha[h] = T.exp2((m_prev[h] - m[h]) * scale2)
-                for h, r in T.Parallel(HB, BI):
-                    acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-                T.reduce_sum(acc_s, tile_sum, dim=1)
-                for h in T.Parallel(HB):
-                    row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h]
-                for h, d in T.Parallel(HB, D):
-                    acc_o[h, d] *= alpha[h]
+                online_softmax(acc_s, acc_o, m, m_prev, alpha, row_sum, tile_sum, scale2)
                 T.copy(acc_s, p_s)
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 

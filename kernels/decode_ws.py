@@ -13,7 +13,7 @@ does its upcast while warpgroup 0 runs the QK^T product and softmax. Tiles are h
 (buffer 0, buffer 1), so a split must own an even number of tiles.
 """
 import tilelang.language as T
-from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG
+from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, online_softmax
 
 HEADS = 64
 THREADS = 384
@@ -50,17 +50,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
         T.barrier_arrive(free[0])
 
-        T.copy(m, m_prev)
-        T.reduce_max(acc_s, m, dim=1, clear=False)
-        for h in T.Parallel(HB):
-            alpha[h] = T.exp2((m_prev[h] - m[h]) * scale2)
-        for h, r in T.Parallel(HB, BI):
-            acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-        T.reduce_sum(acc_s, tile_sum, dim=1)
-        for h in T.Parallel(HB):
-            row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h]
-        for h, d in T.Parallel(HB, half):
-            acc_o_l[h, d] *= alpha[h]
+        online_softmax(acc_s, acc_o_l, m, m_prev, alpha, row_sum, tile_sum, scale2)
         # warpgroup 1 is done with the previous tile's P and alpha (a fresh barrier passes parity 1)
         T.barrier_wait(p_free[0], b ^ 1)
         T.copy(alpha, alpha_s)
