@@ -21,6 +21,13 @@ LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
 
 
+def run_time_shapes(block_rows: int, heads_per_block: int):
+    """The symbolic shapes of a decode kernel: S, H, top-k, pool slots, splits, then derived from
+    them the tiles each split owns and the head blocks of a query."""
+    S, H, topk, slots, n_split = (T.dynamic(name) for name in ("S", "H", "topk", "slots", "n_split"))
+    return S, H, topk, slots, n_split, topk // block_rows // n_split, T.ceildiv(H, heads_per_block)
+
+
 @T.macro
 def online_softmax(acc_s, acc_o, m, m_prev, alpha, row_sum, tile_sum, scale2):
     """One tile of online softmax: scores -> probabilities (in acc_s), the running max and sum
@@ -52,13 +59,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     width = D + Dt
     acc = T.float32
 
-    S = T.dynamic("S")
-    H = T.dynamic("H")
-    topk = T.dynamic("topk")
-    slots = T.dynamic("slots")
-    n_split = T.dynamic("n_split")
-    tiles = topk // BI // n_split
-    head_blocks = T.ceildiv(H, HB)
+    S, H, topk, slots, n_split, tiles, head_blocks = run_time_shapes(BI, HB)
 
     @T.prim_func
     def decode(

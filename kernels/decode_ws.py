@@ -13,7 +13,7 @@ does its upcast while warpgroup 0 runs the QK^T product and softmax. Tiles are h
 (buffer 0, buffer 1), so a split must own an even number of tiles.
 """
 import tilelang.language as T
-from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, online_softmax
+from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, online_softmax, run_time_shapes
 
 HEADS = 64
 THREADS = 384
@@ -26,13 +26,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
     width = D + Dt
     acc, f16 = T.float32, T.float16
 
-    S = T.dynamic("S")
-    H = T.dynamic("H")
-    topk = T.dynamic("topk")
-    slots = T.dynamic("slots")
-    n_split = T.dynamic("n_split")
-    tiles = topk // BI // n_split
-    head_blocks = T.ceildiv(H, HB)
+    S, H, topk, slots, n_split, tiles, head_blocks = run_time_shapes(BI, HB)
 
     @T.macro
     def consume_left(i, b, kl, kr, kt, valid, ready, free, q_l, q_r, q_t, v_l, p_s, alpha_s, p_ready, p_free,
