@@ -171,8 +171,24 @@ def kv_copy_rows(copy_tb_s):
     return module.run(copy_tb_s=copy_tb_s)
 
 
+def markdown(result) -> str:
+    """The BENCHMARKS.md table of a result JSON (`--markdown FILE` prints it)."""
+    lines = [(f"GPU: {result['gpu']}; copy {result['copy_tb_s']} TB/s (read + write), fp8 `torch._scaled_mm` "
+             f"{result['fp8_mm_tflops']} TFLOP/s; top-k {TOPK}, d_v {D_V}, d_tail 0, {SLOTS:,}-row pool."), "",
+             ("| H | S | dsaops fp8 µs | SGLang fp8 µs | SGLang bf16 µs | roofline µs | % of roofline "
+             "| vs SGLang fp8 | vs SGLang bf16 | eager host µs |"), "| " + " | ".join(["---"] * 10) + " |"]
+    for c in result["cases"]:
+        ours = c["dsaops_fp8_us"]
+        ratio = [f"{c[k] / ours:.2f}x" if c.get(k) else "-" for k in ("sglang_fp8_us", "sglang_bf16_us")]
+        lines.append(f"| {c['H']} | {c['S']} | {ours} | {c['sglang_fp8_us']} | {c['sglang_bf16_us']} | "
+                     f"{c['roofline_us']} | {100 * c['roofline_us'] / ours:.0f}% | {ratio[0]} | {ratio[1]} | "
+                     f"{c['eager_host_us']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--markdown", metavar="JSON", help="print the BENCHMARKS.md table of a result file and exit")
     p.add_argument("--sglang-root", help="folder holding sglang/kernels/ops/attention/dsa/tilelang_kernel.py")
     p.add_argument("--out", default="benchmarks/h200-decode.json")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
@@ -181,6 +197,10 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", nargs="*", default=[],
                    help="extra tiles to time as heads:rows:stages:threads[:ws] (printed, not in the JSON)")
     args = p.parse_args(argv)
+    if args.markdown:
+        with open(args.markdown) as f:
+            print(markdown(json.load(f)))
+        return 0
 
     import torch
     from dsaops.kernels import reference, sparse_mla_decode_fp8
