@@ -96,12 +96,17 @@ def _wait(predicate, tries=50):
     return False
 
 
+# host_memory's guard rails on one node (TP 1) to keep the runs short; the inventory refusals on two.
+ONE_NODE = {"dsaops_head": ["node1"], "dsaops_workers": []}
+
+
 @pytest.mark.parametrize("case, overrides, message", [
-    ("unsafe min_free_kbytes", {"cluster_vars": {"host_memory_min_free_kbytes": 200 * 1024 * 1024}},
-     "Unsafe vm.min_free_kbytes=209715200"),
-    ("unsafe vfs_cache_pressure", {"cluster_vars": {"host_memory_vfs_cache_pressure": 0}},
-     "vm.vfs_cache_pressure must be 1..1000"),
-    ("memory fraction on unified memory", {"cluster_vars": {"dsaops_mem_fraction_static": 0.99}},
+    ("unsafe min_free_kbytes", {"groups": ONE_NODE, "cluster_vars": {
+        "dsaops_tp_size": 1, "host_memory_min_free_kbytes": 200 * 1024 * 1024}}, "Unsafe vm.min_free_kbytes=209715200"),
+    ("unsafe vfs_cache_pressure", {"groups": ONE_NODE, "cluster_vars": {
+        "dsaops_tp_size": 1, "host_memory_vfs_cache_pressure": 0}}, "vm.vfs_cache_pressure must be 1..1000"),
+    ("memory fraction on unified memory", {"groups": ONE_NODE, "cluster_vars": {
+        "dsaops_tp_size": 1, "dsaops_mem_fraction_static": 0.99}},
      "On unified memory (GB10) vm.min_free_kbytes comes out of the memory SGLang sees"),
     ("two heads", {"groups": {"dsaops_head": ["node1", "node2"], "dsaops_workers": []}},
      "must put exactly one host in group dsaops_head"),
