@@ -114,7 +114,9 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
     args = build_args(target, extra_args)
     builder = detect_builder() if builder == "auto" else builder
 
-    cmd = ["docker", "buildx", "build"] if builder == "buildx" else ["docker", "build"]
+    # The Dockerfile bind-mounts the wheels (RUN --mount), which needs BuildKit: Docker 20.10's own
+    # client uses it when asked; a newer client without buildx then says to install buildx.
+    cmd = ["docker", "buildx", "build"] if builder == "buildx" else ["env", "DOCKER_BUILDKIT=1", "docker", "build"]
     cmd += ["--platform", target.platform, "--file", str(DOCKERFILE), "--target", stage]
     if offline:  # RUN steps get no network: proves the stages built need none
         cmd += ["--network", "none"]

@@ -21,8 +21,8 @@ from need import need
 from sglang_wheel import cache_dir
 
 BASE_TAG = "dsaops-test/debian-python:bookworm"
-# The Debian package's client drives BuildKit without the buildx plugin (DOCKER_BUILDKIT=1);
-# the legacy builder would copy the whole root filesystem once per instruction on vfs.
+# The Debian package's client (20.10) drives BuildKit without the buildx plugin when
+# DOCKER_BUILDKIT=1, as `dsaops image build` sets it; a newer client would need buildx.
 DEBIAN_DOCKER = Path("/usr/bin/docker")
 
 
@@ -36,7 +36,7 @@ def dockerd():
     bindir = root / "bin"
     bindir.mkdir()
     (bindir / "docker").symlink_to(DEBIAN_DOCKER)
-    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}", DOCKER_BUILDKIT="1", PATH=f"{bindir}:{os.environ['PATH']}")
+    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}", PATH=f"{bindir}:{os.environ['PATH']}")
     with open(root / "dockerd.log", "w") as log:
         proc = subprocess.Popen(
             ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
@@ -55,7 +55,8 @@ def dockerd():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        # vfs keeps a full copy of the root filesystem per layer: rm is much faster than shutil.rmtree here.
+        subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 def _debian_rootfs_tar() -> Path:
