@@ -1,6 +1,14 @@
-"""Shared test plumbing: the `gpu` marker, and parts that CI must have."""
+"""Shared test plumbing: the `gpu` marker, and one Docker engine for the areas that need one."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
+from need import need
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,3 +24,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# The Debian package's client (20.10) drives BuildKit without the buildx plugin when
+# DOCKER_BUILDKIT=1, as `dsaops image build` sets it; a newer client would need buildx.
+DEBIAN_DOCKER = Path("/usr/bin/docker")
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    """A dockerd of our own: vfs storage, no iptables, no bridge; stopped when the session ends."""
+    need(os.geteuid() == 0 and shutil.which("dockerd") and DEBIAN_DOCKER.is_file(),
+         "root and Docker from Debian (apt-get install docker.io)")
+    root = Path(tempfile.mkdtemp(prefix="dsaops-img-dockerd-"))
+    sock = root / "docker.sock"
+    bindir = root / "bin"
+    bindir.mkdir()
+    (bindir / "docker").symlink_to(DEBIAN_DOCKER)
+    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}", PATH=f"{bindir}:{os.environ['PATH']}")
+    with open(root / "dockerd.log", "w") as log:
+        proc = subprocess.Popen(
+            ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
+             "--ip-masq=false", "--bridge=none", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
+             "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "version"], env=env, capture_output=True, check=False).returncode:
+            assert proc.poll() is None and time.monotonic() < deadline, (root / "dockerd.log").read_text()[-3000:]
+            time.sleep(0.3)
+        yield env
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # vfs keeps a full copy of the root filesystem per layer: rm is much faster than shutil.rmtree here.
+        subprocess.run(["rm", "-rf", str(root)], check=False)

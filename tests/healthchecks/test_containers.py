@@ -2,9 +2,7 @@
 a container in a restart loop, one the OOM killer ended, and an engine that stops answering."""
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,40 +19,24 @@ IMAGE = "dsaops-test/busybox:1"
 
 
 @pytest.fixture(scope="module")
-def dockerd():
-    need(os.geteuid() == 0 and shutil.which("dockerd") and shutil.which("busybox"),
-         "root, dockerd and busybox (apt-get install docker.io busybox-static)")
-    root = Path(tempfile.mkdtemp(prefix="dsaops-dockerd-"))
-    sock = root / "docker.sock"
-    log = open(root / "dockerd.log", "w")  # noqa: SIM115 (closed at teardown)
-    proc = subprocess.Popen(
-        ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
-         "--ip-masq=false", "--bridge=none", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")], stdout=log, stderr=subprocess.STDOUT)
-    env = dict(os.environ, DOCKER_HOST=f"unix://{sock}")
+def engine(dockerd):
+    """The shared test dockerd with a busybox image of our own (no registry here)."""
+    need(shutil.which("busybox"), "busybox (apt-get install busybox-static)")
 
     def docker(*args, **kw):
-        return subprocess.run(["docker", *args], env=env, capture_output=True, timeout=60, check=True, **kw)
+        return subprocess.run(["docker", *args], env=dockerd, capture_output=True, timeout=60, check=True, **kw)
 
-    try:
-        ready = wait_for(lambda: subprocess.run(["docker", "version"], env=env, capture_output=True,
-                                                check=False).returncode == 0, 30, 0.3)
-        assert ready, (root / "dockerd.log").read_text()[-2000:]
-        rootfs = root / "rootfs"
-        (rootfs / "bin").mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="dsaops-busybox-") as tmp:
+        rootfs = Path(tmp)
+        (rootfs / "bin").mkdir()
         shutil.copy(shutil.which("busybox"), rootfs / "bin" / "busybox")
         (rootfs / "bin" / "sh").symlink_to("busybox")
         tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
-        docker("import", "-", IMAGE, input=tar)
-        yield {"url": f"unix://{sock}", "docker": docker}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        shutil.rmtree(root, ignore_errors=True)
+    docker("import", "-", IMAGE, input=tar)
+    yield {"url": dockerd["DOCKER_HOST"], "docker": docker}
+    names = docker("ps", "-aq", "--filter", f"ancestor={IMAGE}").stdout.split()
+    if names:
+        docker("rm", "-f", *[n.decode() for n in names])
 
 
 def collect(names, url, errors=None):
@@ -64,20 +46,20 @@ def collect(names, url, errors=None):
     return exposition(generate_latest(registry).decode()), errors
 
 
-def test_restart_loop_exit_code_and_oom(dockerd):
-    d = dockerd["docker"]
+def test_restart_loop_exit_code_and_oom(engine):
+    d = engine["docker"]
     d("run", "-d", "--network", "none", "--restart", "on-failure:20", "--name", "loop", IMAGE, "/bin/sh", "-c", "exit 3")
     d("run", "-d", "--network", "none", "--memory", "8m", "--memory-swap", "8m", "--name", "oom", IMAGE,
       "/bin/sh", "-c", 'x=$(/bin/busybox head -c 200000000 /dev/zero | /bin/busybox tr "\\0" a)')
     d("run", "-d", "--network", "none", "--name", "calm", IMAGE, "/bin/sh", "-c", "sleep 600")
     restarts = 'dsa_container_restarts_total{container="loop",node="n1"}'
-    assert wait_for(lambda: collect(["loop"], dockerd["url"])[0].get(restarts, 0) >= 3, 30, 0.5)
-    out, errors = collect(["loop", "oom", "calm"], dockerd["url"])
+    assert wait_for(lambda: collect(["loop"], engine["url"])[0].get(restarts, 0) >= 3, 30, 0.5)
+    out, errors = collect(["loop", "oom", "calm"], engine["url"])
     assert out['dsa_container_exit_code{container="loop",node="n1"}'] == 3
     assert out['dsa_container_oom_killed{container="loop",node="n1"}'] == 0
     if out['dsa_container_oom_killed{container="oom",node="n1"}'] != 1:  # the memory cgroup may lag a moment
         time.sleep(2)
-        out, errors = collect(["loop", "oom", "calm"], dockerd["url"])
+        out, errors = collect(["loop", "oom", "calm"], engine["url"])
     assert out['dsa_container_oom_killed{container="oom",node="n1"}'] == 1
     assert out['dsa_container_exit_code{container="oom",node="n1"}'] == 137
     assert out['dsa_container_running{container="calm",node="n1"}'] == 1
@@ -85,24 +67,24 @@ def test_restart_loop_exit_code_and_oom(dockerd):
     assert errors.counts()["docker"] == 0
 
 
-def test_missing_container_and_dead_engine_are_counted(dockerd, tmp_path):
-    out, errors = collect(["no-such-container"], dockerd["url"])
+def test_missing_container_and_dead_engine_are_counted(engine, tmp_path):
+    out, errors = collect(["no-such-container"], engine["url"])
     assert errors.counts()["docker"] == 1 and not any("no-such-container" in k for k in out)
     out, errors = collect(["calm"], f"unix://{tmp_path}/nothing.sock")
     assert errors.counts()["docker"] == 1
 
 
-def test_healthcheck_asks_the_engine(dockerd, fake_server):
+def test_healthcheck_asks_the_engine(engine, fake_server):
     from dsaops.healthchecks.healthcheck import check
 
-    assert check(fake_server.url, None, 3, "calm", dockerd["url"]) == []
-    assert any("restarting" in p or "exited" in p for p in check(fake_server.url, None, 3, "loop", dockerd["url"]))
-    assert any("OOM killer" in p for p in check(fake_server.url, None, 3, "oom", dockerd["url"]))
-    assert any("did not say" in p for p in check(fake_server.url, None, 3, "gone", dockerd["url"]))
+    assert check(fake_server.url, None, 3, "calm", engine["url"]) == []
+    assert any("restarting" in p or "exited" in p for p in check(fake_server.url, None, 3, "loop", engine["url"]))
+    assert any("OOM killer" in p for p in check(fake_server.url, None, 3, "oom", engine["url"]))
+    assert any("did not say" in p for p in check(fake_server.url, None, 3, "gone", engine["url"]))
 
 
-def test_oom_killed_container_is_a_cause(dockerd):
+def test_oom_killed_container_is_a_cause(engine):
     errors = ErrorCounts()
-    assert Containers(["calm", "oom"], errors, dockerd["url"]).oom_killed() is True
-    assert Containers(["calm", "loop"], errors, dockerd["url"]).oom_killed() is False
+    assert Containers(["calm", "oom"], errors, engine["url"]).oom_killed() is True
+    assert Containers(["calm", "loop"], errors, engine["url"]).oom_killed() is False
     assert errors.counts()["docker"] == 0
