@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsaops.cache import cache_dir
+
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
 DOCKERFILE = IMAGES / "Dockerfile"
@@ -195,8 +197,7 @@ def sglang_wheel_for(target, pin: str) -> Path:
     """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache."""
     machine = _ARCH[target.platform]
     py = target.image_python.replace(".", "")
-    wheels = Path(os.environ.get("DSAOPS_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
-                  / "dsaops") / "wheels"
+    wheels = cache_dir("wheels")
     pattern = f"sglang-{pin}-cp{py}-cp{py}-*_{machine}.whl"
     found = sorted(wheels.glob(pattern))
     if not found:

@@ -6,19 +6,19 @@ changes files copies it first (`pristine_copy`).
 """
 import contextlib
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import dsaops.cache
+
 SGLANG_VERSION = "0.5.23"
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("DSAOPS_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsaops")
-    path = Path(base)
+    path = dsaops.cache.cache_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
