@@ -12,6 +12,8 @@ import os
 
 from dsaops.kernels import tiles
 
+from dsaops.cache import cache_dir
+
 FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
 # Splits whose blocks see fewer rows than this cost more in the combine than they win.
 _MIN_TILES_PER_SPLIT = 2
@@ -20,16 +22,10 @@ _compiled: dict = {}
 _tile_for = functools.cache(tiles.choose)  # (target, heads) -> Tile, once per process
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("DSAOPS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dsaops")
-    return os.path.join(root, "tilelang")
-
-
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
     """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile, or the combine
     kernel when tile is None. Returns a tilelang JITKernel."""
-    os.environ.setdefault("TILELANG_CACHE_DIR", _cache_dir())
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     import tilelang
     from dsaops.kernels import decode_tl
 

@@ -4,7 +4,6 @@ shared memory checked against the target's budget from the targets table.
 Each kernel is compiled once per test session (in parallel processes) into
 $DSAOPS_CACHE/tilelang, which later sessions reuse; a fresh machine compiles all of them.
 """
-import os
 import shutil
 
 import pytest
@@ -12,9 +11,10 @@ from dsaops.kernels import cli, tiles
 from need import need
 
 from dsaops import targets
+from dsaops.cache import cache_dir
 from dsaops.cli import main as dsaops_main
 
-CACHE = os.path.join(os.environ.get("DSAOPS_CACHE") or os.path.expanduser("~/.cache/dsaops"), "tilelang")
+CACHE = str(cache_dir("tilelang"))
 # sm_90's 16-head tile (64-row, 2-deep ring): ~150 KB, far over GB10's 101,376 B
 OVERSIZED_FOR_SM121 = tiles.Tile(16, 64, 2, 256)
 
