@@ -45,8 +45,11 @@ server=$!
 
 exporter=""
 if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
+    # DSAOPS_EXPORTER_PLAN: `dsaops plan --json` output, for the "KV pool below plan" alert.
+    plan=()
+    [ -z "${DSAOPS_EXPORTER_PLAN:-}" ] || plan=(--plan "$DSAOPS_EXPORTER_PLAN")
     dsaops exporter --server-url "http://127.0.0.1:$port" --log-file "$log" \
-        --listen "${DSAOPS_EXPORTER_LISTEN:-0.0.0.0:9860}" --node "${DSAOPS_NODE:-$(hostname)}" &
+        --listen "${DSAOPS_EXPORTER_LISTEN:-0.0.0.0:9860}" --node "${DSAOPS_NODE:-$(hostname)}" "${plan[@]}" &
     exporter=$!
 fi
 

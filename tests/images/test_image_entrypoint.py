@@ -110,3 +110,18 @@ def test_a_command_instead_of_options_runs_that_command(tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "series" in out
     assert log_of(tmp_path) == ""
+
+
+def test_a_plan_reaches_the_exporter_for_the_kv_alert(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"kv_pool_tokens_per_rank": 161600}')
+    port = free_port()
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_EXPORTER="1", DSAOPS_EXPORTER_LISTEN=f"127.0.0.1:{port}",
+                 DSAOPS_EXPORTER_PLAN=str(plan))
+    try:
+        assert wait_for(lambda: "dsa_kv_pool_planned_tokens" in metrics(port), 30), proc.stderr
+        planned = [line for line in metrics(port).splitlines() if line.startswith("dsa_kv_pool_planned_tokens")]
+        assert planned and planned[0].endswith(" 161600.0"), planned
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

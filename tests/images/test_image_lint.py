@@ -55,7 +55,9 @@ def _dsaops_command_lines() -> list[list[str]]:
     found = []
     for path in (DOCKERFILE, ENTRYPOINT):
         code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
-        code = re.sub(r"\$(\{[^}]*\}|\w+)", "X", code.replace("\\\n", " "))
+        # An array expansion ("${plan[@]}") holds whole options, checked by the entrypoint's own tests.
+        code = re.sub(r'"\$\{\w+\[@\]\}"', "", code.replace("\\\n", " "))
+        code = re.sub(r"\$(\{[^}]*\}|\w+)", "X", code)
         for m in re.findall(r"\bdsaops ((?:patches|kernels|exporter|healthcheck)\b[^;&|)\n]*)", code):
             found.append(shlex.split(m.strip().removesuffix('"]')))
     return found

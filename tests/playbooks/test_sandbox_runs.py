@@ -4,6 +4,7 @@ The hosts have no GPU and no systemd: preflight_require_gpu=false takes the docu
 no-GPU path (everything rendered, nothing started). Machine-wide writes land under each
 host's root prefix and are asserted there.
 """
+import json
 import re
 import subprocess
 import sys
@@ -21,7 +22,9 @@ def _ok(result):
 
 def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     write, roots = cluster
-    inventory = write()
+    # dgx-spark-2x's plan settings: the preflight plans, and the plan reaches each node's exporter.
+    inventory = write(cluster_vars={"dsaops_mem_fraction_static": 0.8, "dsaops_max_running_requests": 16,
+                                    "dsaops_gpu_memory_gib": 115, "dsaops_weights_gib": 140})
     fresh = snapshot(tmp_path / "roots")
 
     # --check on fresh hosts: reports the changes, makes none.
@@ -53,6 +56,10 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
                      "NCCL_CUMEM_ENABLE=0", "dsaops/sglang:0.5.23-sm_121"):
         assert expected in worker, expected
     assert subprocess.run(["sh", "-n", str(roots["node2"] / "usr/local/bin/dsaops-sglang")], check=False).returncode == 0
+    plan = json.loads((roots["node2"] / "etc/dsaops/plan.json").read_text())
+    assert plan["kv_pool_tokens_per_rank"] > 0 and plan["kv_layout"] == "raw_fp8"
+    assert "DSAOPS_EXPORTER_PLAN=/etc/dsaops/plan.json" in worker
+    assert "/etc/dsaops/plan.json:/etc/dsaops/plan.json:ro" in worker
     assert not (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").exists()   # no systemd here
 
     # The head's dist-init port is fenced to the cluster in its own namespace (nftables).
