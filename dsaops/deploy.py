@@ -91,7 +91,7 @@ def run(args) -> int:
             inventory=str(inventory),
             extravars=extravars,
             cmdline=shlex.join(cmdline) if cmdline else None,
-            envvars={"ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "PATH": path},
+            envvars={"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path},
             quiet=True,
             event_handler=progress.on_event,
         )

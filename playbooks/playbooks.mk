@@ -14,5 +14,5 @@ deploy-commands: $(STAMP) ## print each node's server command and environment, t
 	$(PY) -m dsaops deploy -i $(INVENTORY) --print-commands $(DEPLOY_ARGS)
 
 playbooks-lint: $(STAMP) ## ansible-lint (production profile) and --syntax-check for every inventory
-	cd playbooks && ANSIBLE_CONFIG=ansible.cfg PATH=$(abspath $(VENV))/bin:$$PATH ansible-lint --profile production --offline
-	for i in playbooks/inventories/*.yml; do ANSIBLE_CONFIG=playbooks/ansible.cfg $(VENV)/bin/ansible-playbook -i $$i playbooks/cluster.yml --syntax-check || exit 1; done
+	cd playbooks && ANSIBLE_CONFIG=../ansible.cfg PATH=$(abspath $(VENV))/bin:$$PATH ansible-lint --profile production --offline
+	for i in playbooks/inventories/*.yml; do ANSIBLE_CONFIG=ansible.cfg $(VENV)/bin/ansible-playbook -i $$i playbooks/cluster.yml --syntax-check || exit 1; done

@@ -128,7 +128,7 @@ class Sandbox:
     def env(self, run_dir: Path) -> dict:
         for sub in ("home", "remote", "local", "cp"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        return {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_HOME": str(run_dir / "home"),
+        return {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_HOME": str(run_dir / "home"),
                 "ANSIBLE_REMOTE_TMP": str(run_dir / "remote"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "local"),
                 "ANSIBLE_SSH_CONTROL_PATH_DIR": str(run_dir / "cp"), "ANSIBLE_NOCOLOR": "1",
                 "ANSIBLE_HOST_KEY_CHECKING": "False", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -11,7 +11,7 @@ import yaml
 from ansible_sandbox import BIN, PLAYBOOKS, REPO
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
-ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
