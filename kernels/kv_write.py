@@ -8,6 +8,7 @@ a 65,536-row write is a few thousand programs rather than one per row.
 from __future__ import annotations
 
 import functools
+import struct
 
 import torch
 import triton
@@ -64,15 +65,28 @@ def _rows(name: str, x: torch.Tensor, loc: torch.Tensor, pool: torch.Tensor) -> 
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-# How torch's cast (the definition the written bytes must equal) treats magnitudes it cannot represent:
-# dtype -> (float32 magnitude bits from which the special byte is written, byte for finite overflow,
-# byte for NaN, whether the sign bit is kept). e4m3fn saturates at 480 (after rounding 448) and keeps the
-# sign of its NaN; e4m3fnuz has one NaN, 0x80, for every value from 248 (rounds past 240) and NaN.
-# Hardware conversions differ here (canonical NaN, saturation on ROCm), so the kernel writes these itself.
-SPECIAL_BYTES = {
-    torch.float8_e4m3fn: (0x43F00000, 0x7E, 0x7F, True),
-    torch.float8_e4m3fnuz: (0x43780000, 0x80, 0x80, False),
-}
+@functools.cache
+def special_bytes(dtype: torch.dtype) -> tuple[int, int, int, bool]:
+    """How the installed torch casts what `dtype` cannot hold, read off torch's own cast: (float32 magnitude
+    bits from which the special byte is written, byte for overflow and infinity, byte for NaN, whether the
+    sign bit is kept). torch's cast is the definition the written bytes must equal, and it changed between
+    releases (e4m3fn overflow is NaN in torch 2.11, saturates to 448 in 2.13); hardware conversions differ
+    again (satfinite on NVIDIA, canonical NaN on ROCm), so the kernel writes these bytes itself."""
+    def byte(bits: int) -> int:
+        value = torch.tensor(struct.unpack("<f", struct.pack("<I", bits)), dtype=torch.float32)
+        return int(value.to(dtype).view(torch.uint8)[0])
+
+    huge, inf, nan = 0x7F7FFFFF, 0x7F800000, 0x7FC00000
+    over = byte(huge)
+    if byte(inf) != over:
+        raise NotImplementedError(f"torch {torch.__version__} casts inf and finite overflow to different "
+                                  f"{dtype} bytes; write_kv_fp8 does not model that")
+    lo, hi = 0x3F800000, huge  # 1.0 casts to a finite byte; the smallest magnitude that casts to `over` lies above
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if byte(mid) == over else (mid, hi)
+    signed = byte(huge | 0x80000000) == over | 0x80
+    return hi, over, byte(nan), signed
 
 
 @triton.jit
@@ -135,7 +149,7 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     n = loc.shape[0]
     if n == 0:
         return pool
-    over_bits, over_byte, nan_byte, signed = SPECIAL_BYTES[pool.dtype]
+    over_bits, over_byte, nan_byte, signed = special_bytes(pool.dtype)
     _write_kv_fp8_kernel[(triton.cdiv(n, BLOCK_M),)](
         pool, pool.stride(0), pool.shape[0], loc, n, 0 if skip_index is None else int(skip_index),
         nope, nope.stride(0), nope.shape[1], nope if rope is None else rope, 0 if rope is None else rope.stride(0),

@@ -35,7 +35,7 @@ def build(fn, target, signature, constexprs, aligned):
 
 def write_asm(t, with_rope):
     fp8 = getattr(torch, t.fp8_dtype)
-    over_bits, over_byte, nan_byte, signed = kv_write.SPECIAL_BYTES[fp8]
+    over_bits, over_byte, nan_byte, signed = kv_write.special_bytes(fp8)
     ints = ["pool_stride", "n_slots", "n_rows", "skip_index", "nope_stride", "d_nope", "rope_stride", "d_rope"]
     signature = {"pool_ptr": f"*{TRITON_FP8[fp8]}", "loc_ptr": "*i64", "nope_ptr": "*bf16", "rope_ptr": "*bf16"}
     signature |= dict.fromkeys(ints, "i32")

@@ -142,7 +142,7 @@ def test_special_bytes_are_torchs(dtype):
     """The bytes the writer forces for overflow and NaN are what torch's cast gives, for every bf16 value
     (checked for e4m3fnuz here too, which the interpreter cannot run)."""
     x = every_bf16().flatten().float()
-    over_bits, over_byte, nan_byte, signed = kv_write.SPECIAL_BYTES[dtype]
+    over_bits, over_byte, nan_byte, signed = kv_write.special_bytes(dtype)
     magnitude = x.view(torch.int32) & 0x7FFFFFFF
     special = magnitude >= over_bits
     want = torch.where(magnitude > 0x7F800000, nan_byte, over_byte)
@@ -231,7 +231,7 @@ def test_serving_sizes_on_gpu():
     slots, width, n = 1 << 22, 576, 65536
     pool = torch.zeros(slots, 1, width, dtype=FN, device="cuda")
     x = torch.randn(n, width, dtype=torch.bfloat16, device="cuda") * 100
-    loc = torch.randperm(slots, device="cuda")[:n]
+    loc = 1 + torch.randperm(slots - 2, device="cuda")[:n]  # distinct slots, none of the two below
     loc[:2] = torch.tensor([slots - 1, 0])  # the last slot, and slot 0, which skip_index keeps
     kv_write.write_kv_fp8(pool, loc, x[:, :512], x[:, 512:], skip_index=0)
     raw = pool.view(torch.uint8)
