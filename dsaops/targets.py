@@ -60,6 +60,14 @@ def by_compute_capability(cc: str) -> Target | None:
     return next((t for t in table().values() if t.compute_capability and t.compute_capability == cc.strip()), None)
 
 
+def for_gpu(props, hip: bool) -> Target | None:
+    """The target of a GPU from its torch.cuda.get_device_properties(): by gcnArchName on ROCm
+    (e.g. 'gfx942:sramecc+:xnack-'), by compute capability on CUDA; None where the table has none."""
+    if hip:
+        return table().get(props.gcnArchName.split(":")[0])
+    return by_compute_capability(f"{props.major}.{props.minor}")
+
+
 def as_json() -> str:
     return json.dumps({name: asdict(t) | {"tilelang_target": t.tilelang_target} for name, t in table().items()}, indent=2)
 

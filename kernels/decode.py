@@ -61,13 +61,10 @@ def _device_facts(index: int):
     from dsaops import targets
 
     props = torch.cuda.get_device_properties(index)
-    if torch.version.hip:
-        target = targets.get("gfx942")
-    else:
-        cc = f"{props.major}.{props.minor}"
-        target = targets.by_compute_capability(cc)
-        if target is None:
-            raise ValueError(f"no dsaops target for compute capability {cc}; see `dsaops targets`")
+    target = targets.for_gpu(props, bool(torch.version.hip))
+    if target is None:
+        arch = props.gcnArchName if torch.version.hip else f"compute capability {props.major}.{props.minor}"
+        raise ValueError(f"no dsaops target for {arch}; see `dsaops targets`")
     return target, props.multi_processor_count
 
 

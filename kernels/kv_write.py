@@ -24,11 +24,7 @@ def fp8_dtype_for(device: torch.device) -> torch.dtype | None:
     """The raw-fp8 dtype the targets table gives the GPU at `device`; None where the table has no entry."""
     if device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        target = targets.table().get(props.gcnArchName.split(":")[0])
-    else:
-        target = targets.by_compute_capability(f"{props.major}.{props.minor}")
+    target = targets.for_gpu(torch.cuda.get_device_properties(device), bool(torch.version.hip))
     return getattr(torch, target.fp8_dtype) if target else None
 
 

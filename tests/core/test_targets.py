@@ -55,3 +55,13 @@ def test_project_folders_live_under_dsaops_not_top_level(area):
     code = f"import dsaops.{area}, importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)"
     origin = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True).stdout
     assert origin.strip() != mod.__file__
+
+
+def test_a_gpu_maps_to_its_target_by_its_properties():
+    from types import SimpleNamespace as P
+
+    assert targets.for_gpu(P(major=9, minor=0), hip=False).name == "sm_90"
+    assert targets.for_gpu(P(major=12, minor=1), hip=False).name == "sm_121"
+    assert targets.for_gpu(P(gcnArchName="gfx942:sramecc+:xnack-"), hip=True).name == "gfx942"
+    assert targets.for_gpu(P(gcnArchName="gfx90a:sramecc+:xnack-"), hip=True) is None
+    assert targets.for_gpu(P(major=8, minor=0), hip=False) is None
