@@ -7,10 +7,11 @@ import importlib
 _EXPORTS = {
     "sparse_mla_decode_fp8": "dsaops.kernels.decode",
     "decode_supported": "dsaops.kernels.decode",
+    "decode_preferred": "dsaops.kernels.decode",
     "write_kv_fp8": "dsaops.kernels.kv_write",
     "gather_kv_rows": "dsaops.kernels.kv_gather",
 }
-__all__ = ["decode_supported", "gather_kv_rows", "sparse_mla_decode_fp8", "write_kv_fp8"]
+__all__ = ["decode_preferred", "decode_supported", "gather_kv_rows", "sparse_mla_decode_fp8", "write_kv_fp8"]
 
 
 def __getattr__(name):

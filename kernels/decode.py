@@ -88,6 +88,18 @@ def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -
             and num_heads >= 1 and topk >= 1)
 
 
+# Where the H200 benchmark (BENCHMARKS.md) measured this kernel at least as fast as SGLang 0.5.23's
+# fp8 decode: S x H >= 1024 (S >= 64 at every H, and S = 16 at H = 64). Below it, SGLang's 16-head
+# blocks fill the GPU sooner and the split-K combine costs more than it saves.
+PREFERRED_MIN_QUERY_HEADS = 1024
+
+
+def decode_preferred(num_queries: int, num_heads: int) -> bool:
+    """Whether to run sparse_mla_decode_fp8 rather than SGLang's kernel for S queries of H heads
+    (the routing patch asks per call; CUDA graphs are captured per batch size, so each keeps one)."""
+    return num_queries * num_heads >= PREFERRED_MIN_QUERY_HEADS
+
+
 def _check(q, kv, indices, d_v):
     import torch
 

@@ -106,3 +106,13 @@ def test_decode_input_errors_say_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
     with pytest.raises(ValueError, match="d_v 256"):
         sparse_mla_decode_fp8(q, kv, idx, 1.0, d_v=256)
+
+
+def test_decode_preferred_follows_the_h200_measurements():
+    """S x H >= 1024: the BENCHMARKS.md cases where dsaops measured at least as fast as SGLang's fp8 kernel."""
+    from dsaops.kernels import decode_preferred
+
+    faster = {(16, 64), (16, 256), (32, 64), (32, 256), (64, 16), (64, 64), (64, 256)}
+    for H in (16, 32, 64):
+        for S in (1, 16, 64, 256):
+            assert decode_preferred(S, H) == ((H, S) in faster), (S, H)

@@ -45,7 +45,7 @@ def patched(tmp_path_factory):
 
 def test_series_with_0006_applies_and_reverts_byte_exact(patched):
     text = patched.read_text()
-    assert "def _dsaops_decode_kernel(" in text and "DSAOPS_FORCE_SGLANG_DECODE" in text
+    assert "def _dsaops_decode_kernels(" in text and "DSAOPS_FORCE_SGLANG_DECODE" in text
 
 
 def test_only_decode_asks_for_the_dsaops_kernel(patched):
@@ -84,11 +84,13 @@ def route(patched, monkeypatch):
                  "sglang.kernels.ops.attention.dsa", TILELANG_MODULE]:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules[TILELANG_MODULE].tilelang_sparse_fwd = sglang_kernel
-    ours = types.SimpleNamespace(supported=Recorder(True), kernel=Recorder(decode_reference), sglang=sglang_kernel)
+    ours = types.SimpleNamespace(supported=Recorder(True), preferred=Recorder(True), kernel=Recorder(decode_reference),
+                                 sglang=sglang_kernel)
     monkeypatch.setattr(dsaops.kernels, "decode_supported", ours.supported, raising=False)
+    monkeypatch.setattr(dsaops.kernels, "decode_preferred", ours.preferred, raising=False)
     monkeypatch.setattr(dsaops.kernels, "sparse_mla_decode_fp8", ours.kernel, raising=False)
     monkeypatch.delenv("DSAOPS_FORCE_SGLANG_DECODE", raising=False)
-    ns = sglang_lift.lift(patched, ["_validate_raw_fp8_kv_rows", "_dsaops_decode_kernel",
+    ns = sglang_lift.lift(patched, ["_validate_raw_fp8_kv_rows", "_dsaops_decode_kernels",
                                     "DeepseekSparseAttnBackend._forward_tilelang"],
                           {"torch": torch, "os": os, "_is_hip": False, "logger": logging.getLogger("dsa_backend")})
     ours.forward = lambda decode, kv_dtype=torch.float8_e4m3fn, width=576, **kw: ns["_forward_tilelang"](
@@ -115,7 +117,9 @@ def test_supported_decode_runs_dsaops(route, caplog):
     assert q.shape == (3, 16, 576) and kv.dtype == torch.float8_e4m3fn and sm_scale == 0.04
     assert indices.shape == (3, 1, 128) and (indices[:, 0, 100:] == -1).all()
     assert kwargs == {"d_v": 512} and out.shape == (3, 16, 512)
-    assert "DSA raw fp8 decode kernel: dsaops.kernels.sparse_mla_decode_fp8 (heads=16 d_qk=576" in caplog.text
+    assert route.preferred.calls == [((3, 16), {})]        # S, H of this batch
+    assert "DSA raw fp8 decode kernel: dsaops.kernels.sparse_mla_decode_fp8 for the batch sizes" in caplog.text
+    assert "(heads=16 d_qk=576" in caplog.text
     # SGLang's path, on the same inputs, gives the same [S, H, d_v] output: the glue keeps the shape contract.
     assert torch.equal(route.forward(decode=False), out) and len(route.sglang.calls) == 1
 
@@ -138,6 +142,13 @@ def test_sglang_kernel_runs_when(route, monkeypatch, caplog, how, reason):
     assert len(route.sglang.calls) == 1 and not route.kernel.calls and out.shape == (3, 16, 512)
     assert "DSA raw fp8 decode kernel: SGLang tilelang_sparse_fwd (heads=16" in caplog.text and reason in caplog.text
     assert bool(route.supported.calls) == (how == "unsupported")
+
+
+def test_batches_dsaops_does_not_prefer_stay_on_sglang(route):
+    route.preferred.result = False
+    out = route.forward(decode=True)
+    assert len(route.sglang.calls) == 1 and not route.kernel.calls and out.shape == (3, 16, 512)
+    assert route.preferred.calls == [((3, 16), {})]
 
 
 def test_force_variable_other_than_1_keeps_dsaops(route, monkeypatch):
@@ -163,5 +174,6 @@ def test_dsaops_kernels_exports_what_the_patch_calls():
 
     assert list(inspect.signature(dsaops.kernels.decode_supported).parameters) == [
         "num_heads", "d_qk", "d_v", "topk", "kv_dtype"]
+    assert list(inspect.signature(dsaops.kernels.decode_preferred).parameters) == ["num_queries", "num_heads"]
     assert list(inspect.signature(dsaops.kernels.sparse_mla_decode_fp8).parameters)[:6] == [
         "q", "kv", "indices", "sm_scale", "d_v", "return_lse"]
