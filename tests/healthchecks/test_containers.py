@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -50,17 +49,20 @@ def test_restart_loop_exit_code_and_oom(engine):
     d = engine["docker"]
     d("run", "-d", "--network", "none", "--restart", "on-failure:20", "--name", "loop", IMAGE, "/bin/sh", "-c", "exit 3")
     d("run", "-d", "--network", "none", "--memory", "8m", "--memory-swap", "8m", "--name", "oom", IMAGE,
-      "/bin/sh", "-c", 'x=$(/bin/busybox head -c 200000000 /dev/zero | /bin/busybox tr "\\0" a)')
+      # The pause lets containerd register its OOM listener first: a kill in the task's first
+      # milliseconds can go unrecorded, and OOMKilled stays false.
+      "/bin/sh", "-c", 'sleep 2; x=$(/bin/busybox head -c 200000000 /dev/zero | /bin/busybox tr "\\0" a)')
     d("run", "-d", "--network", "none", "--name", "calm", IMAGE, "/bin/sh", "-c", "sleep 600")
     restarts = 'dsa_container_restarts_total{container="loop",node="n1"}'
     assert wait_for(lambda: collect(["loop"], engine["url"])[0].get(restarts, 0) >= 3, 30, 0.5)
     out, errors = collect(["loop", "oom", "calm"], engine["url"])
     assert out['dsa_container_exit_code{container="loop",node="n1"}'] == 3
     assert out['dsa_container_oom_killed{container="loop",node="n1"}'] == 0
-    if out['dsa_container_oom_killed{container="oom",node="n1"}'] != 1:  # the memory cgroup may lag a moment
-        time.sleep(2)
+    killed = 'dsa_container_oom_killed{container="oom",node="n1"}'
+    if out[killed] != 1:  # the container allocates after its pause
+        wait_for(lambda: collect(["oom"], engine["url"])[0].get(killed) == 1, 20, 0.5)
         out, errors = collect(["loop", "oom", "calm"], engine["url"])
-    assert out['dsa_container_oom_killed{container="oom",node="n1"}'] == 1
+    assert out[killed] == 1
     assert out['dsa_container_exit_code{container="oom",node="n1"}'] == 137
     assert out['dsa_container_running{container="calm",node="n1"}'] == 1
     assert out['dsa_container_restarts_total{container="calm",node="n1"}'] == 0
