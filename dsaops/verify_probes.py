@@ -30,7 +30,6 @@ PROMPTS = (
 NIAH_POSITIONS = ("begin", "middle", "end")
 NIAH_QUESTION = "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
 CHARS_PER_TOKEN = 4        # English filler: depth in tokens is approximate
-STATUSES = ("pass", "fail", "timeout", "error")
 HEARTBEAT_S = 15          # progress lines while a long probe waits
 
 _SUBJECTS = ("The harbour master", "A quiet librarian", "The old engineer", "Our neighbour", "The river pilot",
@@ -47,7 +46,7 @@ _NEEDLE_WORDS = ("amber", "cobalt", "falcon", "juniper", "lantern", "meadow", "o
 class ProbeResult:
     name: str
     kind: str                 # answer | niah
-    status: str               # one of STATUSES
+    status: str               # pass | fail | timeout | error
     detail: str
     seconds: float
     answer: str | None = None

@@ -12,7 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from hc_parts import FakeServer, Launcher, free_port, wait_for
+from hc_parts import FakeServer, Launcher
+from helpers import free_port, wait_for
 from need import need
 
 

@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -36,12 +35,6 @@ SERVER_INFO = {
         for _ in range(8)
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeServer:
@@ -110,14 +103,6 @@ class Launcher:
         self.proc.wait(timeout=10)
 
 
-def wait_for(predicate, timeout: float, step: float = 0.1):
-    """The predicate's first truthy value within `timeout` seconds, else its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 def exposition(text: str) -> dict[str, float]:

@@ -6,7 +6,8 @@ import socket
 import subprocess
 import sys
 
-from hc_parts import free_port, scrape, wait_for
+from hc_parts import scrape
+from helpers import free_port, wait_for
 
 
 def dsaops(*args, timeout=30):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from dsaops.healthchecks.containers import ContainerCollector, Containers
 from dsaops.healthchecks.metrics import ErrorCounts, Families
-from hc_parts import exposition, wait_for
+from hc_parts import exposition
+from helpers import wait_for
 from need import need
 from prometheus_client import CollectorRegistry, generate_latest
 

@@ -7,7 +7,7 @@ import sglang_lines as L
 from dsaops.healthchecks.logfollow import CHUNK, MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
-from hc_parts import wait_for
+from helpers import wait_for
 
 
 def follower(path):

@@ -15,7 +15,7 @@ from dsaops.healthchecks.logparse import CAUSES, LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.oom import KernelOomRecords
 from dsaops.healthchecks.processes import ProcessWatcher
-from hc_parts import wait_for
+from helpers import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 

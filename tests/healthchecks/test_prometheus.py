@@ -8,7 +8,8 @@ import signal
 import pytest
 import sglang_lines as L
 from dsaops.healthchecks.exporter import Config
-from hc_parts import scrape, wait_for
+from hc_parts import scrape
+from helpers import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 

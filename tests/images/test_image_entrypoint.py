@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import psutil
+from helpers import free_port, wait_for
 from image_parts import REPO
 
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
@@ -37,13 +30,6 @@ def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
                             text=True)
 
 
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def log_of(tmp_path: Path) -> str:
