@@ -133,12 +133,12 @@ def run_compile(args) -> int:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
     built = {(b.tile, b.d_tail): b for b in build(args.target, cache_dir=cache_dir, workers=args.jobs)}
-    print(f"{'heads':>5} {'d_tail':>6}  {'tile':<14} {'shared memory':>14} {'budget':>8}  fits")
+    print(f"{'heads':>5} {'d_tail':>6}  {'tile':<18} {'shared memory':>14} {'budget':>8}  fits")
     for heads, d_tail, tile in tiles.configurations(target):
         b = built[(tile, d_tail)]
-        print(f"{heads:>5} {d_tail:>6}  {tile.name:<14} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO'}")
+        print(f"{heads:>5} {d_tail:>6}  {tile.name:<18} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO'}")
     comb = built[(None, None)]
-    print(f"{'any':>5} {'-':>6}  {'combine':<14} {comb.smem_bytes:>14,} {comb.budget:>8,}  {'yes' if comb.fits else 'NO'}")
+    print(f"{'any':>5} {'-':>6}  {'combine':<18} {comb.smem_bytes:>14,} {comb.budget:>8,}  {'yes' if comb.fits else 'NO'}")
     over = [b for b in built.values() if not b.fits]
     if over:
         print(f"{len(over)} kernel(s) exceed {args.target}'s shared memory: {', '.join(b.kernel for b in over)}",

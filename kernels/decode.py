@@ -69,12 +69,15 @@ def _device_facts(index: int):
 
 
 def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
-    """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): the largest power of two
-    that keeps the grid within one wave of `sm_count` blocks, divides the steps, and leaves each
-    split >= 2 tiles."""
+    """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): at least enough that no split
+    owns more than tile.index_rows rows (the host pads top-k to a multiple of the split count), then
+    the largest power of two that keeps the grid within one wave of `sm_count` blocks, divides the
+    steps, and leaves each split >= 2 tiles."""
     blocks = S * -(-heads // tile.heads_per_block)
     per_step = tile.rows_per_step // tile.block_rows
     n = 1
+    while steps * tile.rows_per_step > n * tile.index_rows:
+        n *= 2
     while (blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0
            and steps // (n * 2) * per_step >= _MIN_TILES_PER_SPLIT):
         n *= 2
@@ -85,13 +88,13 @@ def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -
     """Whether sparse_mla_decode_fp8 handles this geometry (the routing patch asks before routing)."""
     kv_name = str(kv_dtype).removeprefix("torch.")
     return (d_v == tiles.D_V and d_qk - d_v in tiles.D_TAILS and kv_name in FP8_NAMES
-            and num_heads >= 1 and topk >= 1)
+            and num_heads >= 1 and 1 <= topk <= tiles.MAX_TOPK)
 
 
 # Where the H200 benchmark (BENCHMARKS.md) measured this kernel at least as fast as SGLang 0.5.23's
-# fp8 decode: S x H >= 1024 (S >= 64 at every H, and S = 16 at H = 64). Below it, SGLang's 16-head
-# blocks fill the GPU sooner and the split-K combine costs more than it saves.
-PREFERRED_MIN_QUERY_HEADS = 1024
+# fp8 decode: every case it ran, the smallest being S = 1 at H = 16 (S x H = 16). Smaller batches
+# (H = 8 at S = 1) were not measured and stay on SGLang's kernel.
+PREFERRED_MIN_QUERY_HEADS = 16
 
 
 def decode_preferred(num_queries: int, num_heads: int) -> bool:
@@ -142,14 +145,14 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None):
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     topk = indices.shape[2]
-    rows = tile.rows_per_step
+    n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
+    rows = tile.rows_per_step * n_split
     if topk % rows:
         indices = torch.nn.functional.pad(indices, (0, rows - topk % rows), value=-1)
-    n_split = choose_split(S, H, indices.shape[2] // rows, tile, sm_count)
 
     part_o = torch.empty((S, n_split, H, d_v), dtype=torch.bfloat16, device=q.device)
     part_lse = torch.empty((S, n_split, H), dtype=torch.float32, device=q.device)
-    _kernel(target, tile, width - d_v)(q, kv, indices, float(sm_scale), part_o, part_lse)
+    _kernel(target, tile, width - d_v)(q, kv, indices, float(sm_scale), indices.shape[2] // n_split, part_o, part_lse)
     if n_split == 1:
         out, lse = part_o.view(S, H, d_v), part_lse.view(S, H)
     else:

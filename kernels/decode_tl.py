@@ -19,38 +19,53 @@ from dsaops.kernels.tiles import MAX_SPLITS
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
+RESCALE_LOG2 = 8.0  # lazy rescale threshold (online_softmax)
 
 
-def run_time_shapes(block_rows: int, heads_per_block: int):
-    """The symbolic shapes of a decode kernel: S, H, top-k, pool slots, splits, then derived from
-    them the tiles each split owns and the head blocks of a query."""
+def run_time_shapes(heads_per_block: int):
+    """The symbolic shapes of a decode kernel: S, H, top-k, pool slots, splits, and the head blocks
+    of a query. The rows each split owns come as a scalar argument (`split_rows`, a multiple of the
+    tile's rows): derived from top-k and the split count it cost a 32-bit division per use."""
     S, H, topk, slots, n_split = (T.dynamic(name) for name in ("S", "H", "topk", "slots", "n_split"))
-    return S, H, topk, slots, n_split, topk // block_rows // n_split, T.ceildiv(H, heads_per_block)
+    return S, H, topk, slots, n_split, T.ceildiv(H, heads_per_block)
 
 
 @T.macro
-def online_softmax(acc_s, acc_o, m, m_prev, alpha, row_sum, tile_sum, scale2):
-    """One tile of online softmax: scores -> probabilities (in acc_s), the running max and sum
-    updated, the output accumulator rescaled by alpha = 2^((old max - new max) * scale)."""
+def online_softmax(acc_s, acc_o, m, m_tile, alpha, row_sum, tile_sum, grew, step, scale2):
+    """One tile of online softmax: scores -> probabilities (in acc_s), the running sum updated.
+
+    The running max moves only when a head's tile max exceeds it by more than 2^RESCALE_LOG2 in
+    probability (FlashAttention-4's lazy rescale): probabilities of up to 2^8 are exact in the fp32
+    sums and fine in fp16 P, and the final division uses the same stale max, so the result is
+    unchanged while the 64 x 512 accumulator is rescaled a few times a query instead of every tile
+    (that multiply was an eighth of the kernel's instructions). `grew` (shared) holds the last step
+    at which any head grew: one block-uniform branch, no reset."""
     heads, rows = acc_s.shape
-    T.copy(m, m_prev)
-    T.reduce_max(acc_s, m, dim=1, clear=False)
+    T.reduce_max(acc_s, m_tile, dim=1)
     for h in T.Parallel(heads):
-        alpha[h] = T.exp2((m_prev[h] - m[h]) * scale2)
+        alpha[h] = 1.0
+        if (m_tile[h] - m[h]) * scale2 > RESCALE_LOG2:
+            grew[0] = step
+    if grew[0] == step:
+        for h in T.Parallel(heads):
+            alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
+            m[h] = T.max(m[h], m_tile[h])
+            row_sum[h] *= alpha[h]
+        for h, d in T.Parallel(heads, acc_o.shape[1]):
+            acc_o[h, d] *= alpha[h]
     for h, r in T.Parallel(heads, rows):
         acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
     T.reduce_sum(acc_s, tile_sum, dim=1)
     for h in T.Parallel(heads):
-        row_sum[h] = row_sum[h] * alpha[h] + tile_sum[h]
-    for h, d in T.Parallel(heads, acc_o.shape[1]):
-        acc_o[h, d] *= alpha[h]
+        row_sum[h] += tile_sum[h]
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
     (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
-    run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1).
+    run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1) and a
+    split may own at most tile.index_rows of it (the host splits further).
     row_stats_in_shared: pass the per-head rescale and sum to the PV accumulator through shared
     memory. Needed where mma.sync (no wgmma) gives the score and output fragments different row
     owners, which TileLang rejects as a layout conflict (sm_121's 64-head tile)."""
@@ -59,7 +74,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     width = D + Dt
     acc = T.float32
 
-    S, H, topk, slots, n_split, tiles, head_blocks = run_time_shapes(BI, HB)
+    S, H, topk, slots, n_split, head_blocks = run_time_shapes(HB)
 
     @T.prim_func
     def decode(
@@ -67,10 +82,12 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         kv: T.Tensor([slots, 1, width], fp8_dtype),
         indices: T.Tensor([S, 1, topk], T.int32),
         sm_scale: T.float32,
+        split_rows: T.int32,
         out: T.Tensor([S, n_split, H, D], T.bfloat16),
         lse: T.Tensor([S, n_split, H], acc),
     ):
-        with T.Kernel(S * head_blocks, n_split, threads=tile.threads) as (bx, by):
+        # one grid axis each for query, head block and split: no run-time division in any address
+        with T.Kernel(S, head_blocks, n_split, threads=tile.threads) as (s_i, hb, sp):
             q_s = T.alloc_shared([HB, D], fp8_dtype)
             k_s = T.alloc_shared([BI, D], fp8_dtype)
             if Dt:
@@ -78,19 +95,21 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
             v_s = T.alloc_shared([BI, D], T.float16)
             p_s = T.alloc_shared([HB, BI], T.float16)
-            valid = T.alloc_shared([BI], T.bool)  # shared: as a fragment it got a replicated layout
+            # The split's row ids, loaded once: each tile's gather addresses and masks then come from
+            # shared memory instead of a dependent global load (an HBM latency) per tile.
+            ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
 
             acc_s = T.alloc_fragment([HB, BI], acc)
             acc_o = T.alloc_fragment([HB, D], acc)
             m = T.alloc_fragment([HB], acc)
-            m_prev = T.alloc_fragment([HB], acc)
+            m_tile = T.alloc_fragment([HB], acc)
+            grew = T.alloc_shared([1], T.int32)
             alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
-            final_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else None
+            inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
             row_sum = T.alloc_fragment([HB], acc)
             tile_sum = T.alloc_fragment([HB], acc)
 
-            s_i = bx // head_blocks
-            h0 = (bx % head_blocks) * HB
+            h0 = hb * HB
             scale2 = sm_scale * LOG2E
 
             # Padded heads (H < HB) get zero rows: their scores are 0, harmless, never written out.
@@ -99,45 +118,45 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             if Dt:
                 for h, d in T.Parallel(HB, Dt):
                     qt_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+            for r in T.Parallel(tile.index_rows):
+                ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
             T.fill(acc_o, 0)
             T.fill(row_sum, 0)
             T.fill(m, NEG_BIG)
 
-            for t in T.Pipelined(tiles, num_stages=tile.stages):
-                base = (by * tiles + t) * BI
-                for r in T.Parallel(BI):
-                    valid[r] = indices[s_i, 0, base + r] >= 0
+            for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
+                base = t * BI
+                # Row ids index kv unclamped: TileLang's bounds guard then predicates each cp.async on
+                # 0 <= id < slots and zero-fills masked (-1) rows, so they are never read, V needs no mask,
+                # and a NaN in slot 0 cannot leak (tests/kernels/test_decode_gpu.py puts one there).
                 for r, d in T.Parallel(BI, D):
-                    k_s[r, d] = kv[T.max(indices[s_i, 0, base + r], 0), 0, d]
+                    k_s[r, d] = kv[ids[base + r], 0, d]
                 if Dt:
                     for r, d in T.Parallel(BI, Dt):
-                        kt_s[r, d] = kv[T.max(indices[s_i, 0, base + r], 0), 0, D + d]
+                        kt_s[r, d] = kv[ids[base + r], 0, D + d]
 
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
                 if Dt:
                     T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                # Masked rows: V zeroed and score -inf AFTER the product, so a NaN in slot 0 cannot leak.
                 for r, d in T.Parallel(BI, D):
-                    v_s[r, d] = T.if_then_else(valid[r], k_s[r, d].astype(T.float16), 0)
+                    v_s[r, d] = k_s[r, d].astype(T.float16)
                 for h, r in T.Parallel(HB, BI):
-                    acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
+                    acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
 
-                online_softmax(acc_s, acc_o, m, m_prev, alpha, row_sum, tile_sum, scale2)
+                online_softmax(acc_s, acc_o, m, m_tile, alpha, row_sum, tile_sum, grew, t + 1, scale2)
                 T.copy(acc_s, p_s)
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
-            # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
-            denom = row_sum
-            if row_stats_in_shared:
-                T.copy(row_sum, final_sum)
-                denom = final_sum
+            # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN. One
+            # reciprocal a head, not a division an element.
+            for h in T.Parallel(HB):
+                inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
             for h, d in T.Parallel(HB, D):
                 if h0 + h < H:
-                    out[s_i, by, h0 + h, d] = (acc_o[h, d] / T.if_then_else(denom[h] == 0, 1.0, denom[h])).astype(
-                        T.bfloat16)
+                    out[s_i, sp, h0 + h, d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
             for h in T.Parallel(HB):
                 if h0 + h < H:
-                    lse[s_i, by, h0 + h] = T.if_then_else(
+                    lse[s_i, sp, h0 + h] = T.if_then_else(
                         row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
 
     return decode

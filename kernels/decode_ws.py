@@ -26,11 +26,11 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
     width = D + Dt
     acc, f16 = T.float32, T.float16
 
-    S, H, topk, slots, n_split, tiles, head_blocks = run_time_shapes(BI, HB)
+    S, H, topk, slots, n_split, head_blocks = run_time_shapes(HB)
 
     @T.macro
     def consume_left(i, b, kl, kr, kt, valid, ready, free, q_l, q_r, q_t, v_l, p_s, alpha_s, p_ready, p_free,
-                     acc_s, acc_o_l, m, m_prev, alpha, row_sum, tile_sum, scale2):
+                     acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2):
         """Warpgroup 0, one tile: QK^T, softmax, hand-off of P, left half of PV."""
         T.barrier_wait(ready[0], i & 1)
         T.wgmma_gemm(q_l, kl, acc_s, transpose_B=True, clear_accum=True)
@@ -44,7 +44,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
         T.barrier_arrive(free[0])
 
-        online_softmax(acc_s, acc_o_l, m, m_prev, alpha, row_sum, tile_sum, scale2)
+        online_softmax(acc_s, acc_o_l, m, m_tile, alpha, row_sum, tile_sum, grew, i * 2 + b + 1, scale2)
         # warpgroup 1 is done with the previous tile's P and alpha (a fresh barrier passes parity 1)
         T.barrier_wait(p_free[0], b ^ 1)
         T.copy(alpha, alpha_s)
@@ -93,10 +93,11 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
         kv: T.Tensor([slots, 1, width], fp8_dtype),
         indices: T.Tensor([S, 1, topk], T.int32),
         sm_scale: T.float32,
+        split_rows: T.int32,
         out: T.Tensor([S, n_split, H, D], T.bfloat16),
         lse: T.Tensor([S, n_split, H], acc),
     ):
-        with T.Kernel(S * head_blocks, n_split, threads=THREADS) as (bx, by):
+        with T.Kernel(S, head_blocks, n_split, threads=THREADS) as (s_i, hb, by):
             q_l = T.alloc_shared([HB, half], fp8_dtype)
             q_r = T.alloc_shared([HB, half], fp8_dtype)
             k0_l = T.alloc_shared([BI, half], fp8_dtype)
@@ -118,7 +119,8 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             acc_o_l = T.alloc_fragment([HB, half], acc)
             acc_o_r = T.alloc_fragment([HB, half], acc)
             m = T.alloc_fragment([HB], acc)
-            m_prev = T.alloc_fragment([HB], acc)
+            m_tile = T.alloc_fragment([HB], acc)
+            grew = T.alloc_shared([1], T.int32)  # only warpgroup 0 touches it
             alpha = T.alloc_fragment([HB], acc)
             row_sum = T.alloc_fragment([HB], acc)
             tile_sum = T.alloc_fragment([HB], acc)
@@ -133,10 +135,9 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             sums_ready = T.alloc_barrier(128)
 
             tx = T.get_thread_binding()
-            s_i = bx // head_blocks
-            h0 = (bx % head_blocks) * HB
+            h0 = hb * HB
             scale2 = sm_scale * LOG2E
-            pairs = tiles // 2
+            pairs = split_rows // (2 * BI)
 
             for h, d in T.Parallel(HB, half):
                 q_l[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
@@ -153,9 +154,9 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
                 T.fill(m, NEG_BIG)
                 for i in T.serial(pairs):
                     consume_left(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_prev, alpha, row_sum, tile_sum, scale2)
+                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2)
                     consume_left(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_prev, alpha, row_sum, tile_sum, scale2)
+                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2)
                 for h in T.Parallel(HB):
                     sum_s[h] = row_sum[h]
                 T.barrier_arrive(sums_ready[0])
@@ -185,8 +186,8 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
                 chunk = lane % 16         # 16-byte chunk of each half row
                 for i in T.serial(pairs):
                     produce(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, kv, indices, idx, s_i,
-                            (by * tiles + i * 2) * BI, row_in_pass, chunk)
+                            by * split_rows + i * 2 * BI, row_in_pass, chunk)
                     produce(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, kv, indices, idx, s_i,
-                            (by * tiles + i * 2 + 1) * BI, row_in_pass, chunk)
+                            by * split_rows + (i * 2 + 1) * BI, row_in_pass, chunk)
 
     return decode

@@ -18,6 +18,12 @@ MAX_SPLITS = 16  # most splits of top-k the host chooses; the combine kernel unr
 # Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
 # (block_rows, stages)
 _CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
+# Row ids a split keeps in shared memory, largest first: top-k 2048 (DSA's) in one split where it fits.
+_INDEX_ROWS = (2048, 1024, 512)
+# What the compiled kernels hold beyond the buffers above (reduction workspaces, alignment): the
+# compiler's figure minus this estimate was 2,064-2,320 B over every tile of both targets.
+_COMPILER_EXTRA = 2560
+MAX_TOPK = MAX_SPLITS * _INDEX_ROWS[-1]  # the most top-k rows a query may have (every tile, every split)
 
 
 @dataclass(frozen=True)
@@ -27,10 +33,12 @@ class Tile:
     stages: int           # depth of the gather ring
     threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
     warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two consumer warpgroups
+    index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
 
     @property
     def name(self) -> str:
-        return f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
+        return (f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
+                + (f"_i{self.index_rows}" if self.index_rows != 2048 else ""))
 
     @property
     def rows_per_step(self) -> int:
@@ -54,7 +62,8 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + br * d_v * 2              # V upcast to fp16
             + hb * br * 2               # P in fp16
-            + br)                       # row-valid flags
+            + (0 if tile.warp_specialized else 4 * tile.index_rows)  # the split's row ids
+            + _COMPILER_EXTRA)
 
 
 WS_TILE = Tile(64, 64, 2, threads=384, warp_specialized=True)
@@ -74,11 +83,16 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
         warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
     if warp_specialized and hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget:
         return WS_TILE
-    for rows, stages in _CANDIDATES:
-        # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
-        tile = Tile(hb, rows, stages, threads=256 if rows >= 64 or hb >= 64 else 128)
-        if smem_bytes(tile, d_tail) <= budget:
-            return tile
+    # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
+    # the heads fits: gfx942's 64 KB of LDS.
+    while hb >= 16:
+        for rows, stages in _CANDIDATES:
+            for index_rows in _INDEX_ROWS:
+                # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
+                tile = Tile(hb, rows, stages, threads=256 if rows >= 64 or hb >= 64 else 128, index_rows=index_rows)
+                if smem_bytes(tile, d_tail) <= budget:
+                    return tile
+        hb //= 2
     raise ValueError(f"no decode tile for {heads} heads fits {target.name}'s {budget} B of shared memory")
 
 
