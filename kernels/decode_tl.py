@@ -3,12 +3,12 @@
 One block owns one query and up to 64 of its heads, so each gathered KV tile is read from HBM
 once for all of them (SGLang 0.5.23 uses 16-head blocks and reads every tile four times at
 H=64). Per tile of `block_rows` top-k rows:
-  gather fp8 rows -> shared (pipelined, `stages` deep)
+  gather fp8 rows -> shared (pipelined, `stages` deep; masked rows zero-filled, never read)
   S = Q_fp8 . K_fp8^T          fp8 tensor-core product, both operands K-major (wgmma on sm_90)
-  online softmax in fp32       masked rows forced to -inf after the product, so garbage rows never leak
+  online softmax in fp32       masked rows forced to -inf after the product; lazy rescale
   V_f16 = upcast(K_fp8[:, :d_v]) in shared memory: e4m3 values are exact in fp16, HBM traffic stays fp8
-  O += P_f16 . V_f16           fp16 product (P in [0, 1] keeps 11 bits, vs bf16's 8)
-A split over top-k (grid y) writes per-split outputs (bf16) and log-sum-exps; `combine` merges them
+  O += P_f16 . V_f16           fp16 product (P in [0, 2^8] keeps 11 bits, vs bf16's 8)
+A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps; `combine` merges them
 in fp32. With one split the decode kernel's output is the answer. Every shape that varies per call
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
 """
