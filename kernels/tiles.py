@@ -19,7 +19,7 @@ MAX_SPLITS = 16  # most splits of top-k the host chooses; the combine kernel unr
 # (block_rows, stages)
 _CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
 # Row ids a split keeps in shared memory, largest first: top-k 2048 (DSA's) in one split where it fits.
-_INDEX_ROWS = (2048, 1024, 512)
+_INDEX_ROWS = (2048, 1024, 512, 256)
 # What the compiled kernels hold beyond the buffers above (reduction workspaces, alignment): the
 # compiler's figure minus this estimate was 2,064-2,320 B over every tile of both targets.
 _COMPILER_EXTRA = 2560
