@@ -248,7 +248,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
             for spec in args.tiles:
                 hb, rows, stages, threads, *ws = spec.split(":")
-                if int(hb) == heads_per_block(H):
+                if int(hb) >= heads_per_block(H):  # a block of more heads than H pads the rest
                     t = Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=ws == ["ws"])
                     try:
                         us = round(graph_us(functools.partial(

@@ -31,15 +31,17 @@ def run_time_shapes(heads_per_block: int):
 
 
 @T.macro
-def online_softmax(acc_s, acc_o, m, m_tile, alpha, row_sum, tile_sum, grew, step, scale2):
-    """One tile of online softmax: scores -> probabilities (in acc_s), the running sum updated.
+def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, step, scale2):
+    """One tile of online softmax: scores -> probabilities (in acc_s), added into sum_part.
 
     The running max moves only when a head's tile max exceeds it by more than 2^RESCALE_LOG2 in
     probability (FlashAttention-4's lazy rescale): probabilities of up to 2^8 are exact in the fp32
     sums and fine in fp16 P, and the final division uses the same stale max, so the result is
     unchanged while the 64 x 512 accumulator is rescaled a few times a query instead of every tile
     (that multiply was an eighth of the kernel's instructions). `grew` (shared) holds the last step
-    at which any head grew: one block-uniform branch, no reset."""
+    at which any head grew: one block-uniform branch, no reset. sum_part has acc_s's shape: each
+    thread sums its own columns, and the caller reduces it across threads once, after the last tile
+    (a reduction a tile cost two cross-warpgroup exchanges through shared memory)."""
     heads, rows = acc_s.shape
     T.reduce_max(acc_s, m_tile, dim=1)
     for h in T.Parallel(heads):
@@ -50,14 +52,13 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, row_sum, tile_sum, grew, step
         for h in T.Parallel(heads):
             alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
             m[h] = T.max(m[h], m_tile[h])
-            row_sum[h] *= alpha[h]
+        for h, r in T.Parallel(heads, rows):
+            sum_part[h, r] *= alpha[h]
         for h, d in T.Parallel(heads, acc_o.shape[1]):
             acc_o[h, d] *= alpha[h]
     for h, r in T.Parallel(heads, rows):
         acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-    T.reduce_sum(acc_s, tile_sum, dim=1)
-    for h in T.Parallel(heads):
-        row_sum[h] += tile_sum[h]
+        sum_part[h, r] += acc_s[h, r]
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False):
@@ -106,8 +107,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             grew = T.alloc_shared([1], T.int32)
             alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
             inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
+            sum_part = T.alloc_fragment([HB, BI], acc)
             row_sum = T.alloc_fragment([HB], acc)
-            tile_sum = T.alloc_fragment([HB], acc)
 
             h0 = hb * HB
             scale2 = sm_scale * LOG2E
@@ -121,7 +122,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             for r in T.Parallel(tile.index_rows):
                 ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
             T.fill(acc_o, 0)
-            T.fill(row_sum, 0)
+            T.fill(sum_part, 0)
             T.fill(m, NEG_BIG)
 
             for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
@@ -143,10 +144,11 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 for h, r in T.Parallel(HB, BI):
                     acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
 
-                online_softmax(acc_s, acc_o, m, m_tile, alpha, row_sum, tile_sum, grew, t + 1, scale2)
+                online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, t + 1, scale2)
                 T.copy(acc_s, p_s)
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
+            T.reduce_sum(sum_part, row_sum, dim=1)
             # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN. One
             # reciprocal a head, not a division an element.
             for h in T.Parallel(HB):

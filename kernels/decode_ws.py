@@ -30,7 +30,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
 
     @T.macro
     def consume_left(i, b, kl, kr, kt, valid, ready, free, q_l, q_r, q_t, v_l, p_s, alpha_s, p_ready, p_free,
-                     acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2):
+                     acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2):
         """Warpgroup 0, one tile: QK^T, softmax, hand-off of P, left half of PV."""
         T.barrier_wait(ready[0], i & 1)
         T.wgmma_gemm(q_l, kl, acc_s, transpose_B=True, clear_accum=True)
@@ -44,7 +44,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
         T.barrier_arrive(free[0])
 
-        online_softmax(acc_s, acc_o_l, m, m_tile, alpha, row_sum, tile_sum, grew, i * 2 + b + 1, scale2)
+        online_softmax(acc_s, acc_o_l, m, m_tile, alpha, sum_part, grew, i * 2 + b + 1, scale2)
         # warpgroup 1 is done with the previous tile's P and alpha (a fresh barrier passes parity 1)
         T.barrier_wait(p_free[0], b ^ 1)
         T.copy(alpha, alpha_s)
@@ -122,8 +122,8 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             m_tile = T.alloc_fragment([HB], acc)
             grew = T.alloc_shared([1], T.int32)  # only warpgroup 0 touches it
             alpha = T.alloc_fragment([HB], acc)
+            sum_part = T.alloc_fragment([HB, BI], acc)
             row_sum = T.alloc_fragment([HB], acc)
-            tile_sum = T.alloc_fragment([HB], acc)
             idx = T.alloc_local([BI // 8], T.int32)
 
             k0_ready = T.alloc_barrier(128)
@@ -150,13 +150,14 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
             if tx < 128:
                 T.set_max_nreg(240, 1)
                 T.fill(acc_o_l, 0)
-                T.fill(row_sum, 0)
+                T.fill(sum_part, 0)
                 T.fill(m, NEG_BIG)
                 for i in T.serial(pairs):
                     consume_left(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2)
+                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
                     consume_left(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, row_sum, tile_sum, scale2)
+                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
+                T.reduce_sum(sum_part, row_sum, dim=1)
                 for h in T.Parallel(HB):
                     sum_s[h] = row_sum[h]
                 T.barrier_arrive(sums_ready[0])
