@@ -78,15 +78,15 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     see BENCHMARKS.md, so it is opt-in until its per-tile cost is found).
     """
     hb = heads_per_block(heads)
-    if hb == 32 and target.has("wgmma"):
-        # wgmma's M is 64 a warpgroup: a 32-head block leaves its products half empty and measured
-        # slower than 64 heads with 32 of them padded (H200, BENCHMARKS.md)
-        hb = 64
     budget = target.smem_per_block_bytes
     if warp_specialized is None:
         warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
     if warp_specialized and hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget:
         return WS_TILE
+    if hb == 32 and target.has("wgmma"):
+        # wgmma's M is 64 a warpgroup: a 32-head block leaves its products half empty and measured
+        # slower than 64 heads with 32 of them padded (H200, BENCHMARKS.md)
+        hb = 64
     # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
     # the heads fits: gfx942's 64 KB of LDS.
     while hb >= 16:

@@ -35,7 +35,7 @@ def test_tiles_come_from_the_targets_table(heads, block_heads):
             assert tile.heads_per_block == want
             assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
             # only Hopper (wgmma in its features) can take the warp-specialised kernel, for full blocks
-            assert tile.warp_specialized == (ws and t.has("wgmma") and want == 64)
+            assert tile.warp_specialized == (ws and t.has("wgmma") and block_heads == 64)
 
 
 def test_gb10_gets_smaller_tiles_than_hopper():
