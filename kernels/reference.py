@@ -75,6 +75,28 @@ def sparse_mla_decode(q, kv, indices, sm_scale, d_v=512, return_lse=False):
     return (out, lse) if return_lse else out
 
 
+def quantize_rows_scaled(x, dtype=torch.float8_e4m3fn):
+    """Per-row-scaled fp8 (the issue's stretch layout, reference only): each row of x [N, d] is
+    divided by amax(row) / fp8 max, so its largest value lands on the format's largest and small
+    rows stay out of the subnormals. Returns (rows [N, d] in dtype, scales [N] float32); an
+    all-zero row gets scale 1. Dequantize: rows.float() * scales[:, None]."""
+    if x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a 2-D float tensor [N, d], got {x.dtype} {tuple(x.shape)}")
+    amax = x.float().abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+    return (x.float() / scales[:, None]).to(dtype), scales
+
+
+def sparse_mla_decode_row_scaled(q, kv, kv_scale, indices, sm_scale, d_v=512, return_lse=False):
+    """sparse_mla_decode over a per-row-scaled fp8 pool: kv [slots, 1, d] fp8 with kv_scale [slots]
+    (quantize_rows_scaled's output); each row is dequantized before the same fp32 math."""
+    _check_pool(kv)
+    if kv_scale.shape != (kv.shape[0],):
+        raise ValueError(f"kv_scale must be [{kv.shape[0]}] (one scale a pool row), got {tuple(kv_scale.shape)}")
+    rows = kv.float() * kv_scale.float()[:, None, None]
+    return sparse_mla_decode(q, rows, indices, sm_scale, d_v=d_v, return_lse=return_lse)
+
+
 def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype), in place, for every i with loc[i] != skip_index.
 
