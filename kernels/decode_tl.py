@@ -67,8 +67,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
     run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1) and a
     split may own at most tile.index_rows of it (the host splits further).
-    row_stats_in_shared: pass the per-head rescale and sum to the PV accumulator through shared
-    memory. Needed where mma.sync (no wgmma) gives the score and output fragments different row
+    row_stats_in_shared: pass the per-head rescale and reciprocal sum to the PV accumulator's
+    layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output fragments different row
     owners, which TileLang rejects as a layout conflict (sm_121's 64-head tile)."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail
