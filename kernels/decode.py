@@ -1,9 +1,9 @@
 """Host side of the raw-fp8 sparse-MLA decode: checks, tile and split choice, compiled-kernel cache.
 
 The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
-`@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into a plain
-dict, the device's target/SM count is read once, and a call does a few shape checks, two or
-three `torch.empty`, and one or two launches.
+`@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into an
+in-process cache, the device's target/SM count is read once, and a call does a few shape checks, two to
+four `torch.empty`, and one or two launches.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
 # Splits whose blocks see fewer rows than this cost more in the combine than they win.
 _MIN_TILES_PER_SPLIT = 2
 
-_compiled: dict = {}
 _tile_for = functools.cache(tiles.choose)  # (target, heads) -> Tile, once per process
 
 
@@ -45,12 +44,7 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
     return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
 
 
-def _kernel(target, tile, d_tail):
-    key = (target.name, tile, d_tail)
-    k = _compiled.get(key)
-    if k is None:
-        k = _compiled[key] = compile_kernel(target, tile, d_tail)
-    return k
+_kernel = functools.cache(compile_kernel)  # (target, tile, d_tail) -> kernel, once per process
 
 
 @functools.cache
@@ -112,7 +106,8 @@ def _check(q, kv, indices, d_v):
     S, H, width = q.shape
     if not decode_supported(H, width, d_v, indices.shape[2], kv.dtype):
         raise ValueError(f"unsupported geometry: heads {H} (>= 1), d_v {d_v} (512), "
-                         f"d_tail {width - d_v} (0 or 64), kv dtype {kv.dtype} (raw fp8)")
+                         f"d_tail {width - d_v} (0 or 64), top-k {indices.shape[2]} (1 to {tiles.MAX_TOPK}), "
+                         f"kv dtype {kv.dtype} (raw fp8)")
     if kv.shape[1] != 1 or kv.shape[2] != width:
         raise ValueError(f"kv must be [slots, 1, {width}] (rows as wide as q), got {tuple(kv.shape)}")
     if indices.shape[0] != S or indices.shape[1] != 1 or indices.dtype != torch.int32:

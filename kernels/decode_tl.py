@@ -22,12 +22,30 @@ NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids in
 RESCALE_LOG2 = 8.0  # lazy rescale threshold (online_softmax)
 
 
-def run_time_shapes(heads_per_block: int):
-    """The symbolic shapes of a decode kernel: S, H, top-k, pool slots, splits, and the head blocks
-    of a query. The rows each split owns come as a scalar argument (`split_rows`, a multiple of the
-    tile's rows): derived from top-k and the split count it cost a 32-bit division per use."""
+def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block):
+    """The prim_func both decode kernels share: the signature the host calls and the grid, one axis
+    each for query, head block and split (so no address needs a run-time division). `block`, a
+    T.macro, is one block's work: block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp).
+    S, H, top-k, pool slots and the split count are symbolic; the rows each split owns come as the
+    scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split count it
+    cost a 32-bit division per use."""
     S, H, topk, slots, n_split = (T.dynamic(name) for name in ("S", "H", "topk", "slots", "n_split"))
-    return S, H, topk, slots, n_split, T.ceildiv(H, heads_per_block)
+    width = d_v + d_tail
+
+    @T.prim_func
+    def decode(
+        q: T.Tensor([S, H, width], T.bfloat16),
+        kv: T.Tensor([slots, 1, width], fp8_dtype),
+        indices: T.Tensor([S, 1, topk], T.int32),
+        sm_scale: T.float32,
+        split_rows: T.int32,
+        out: T.Tensor([S, n_split, H, d_v], T.bfloat16),
+        lse: T.Tensor([S, n_split, H], T.float32),
+    ):
+        with T.Kernel(S, T.ceildiv(H, heads_per_block), n_split, threads=threads) as (s_i, hb, sp):
+            block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
+
+    return decode
 
 
 @T.macro
@@ -68,100 +86,88 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1) and a
     split may own at most tile.index_rows of it (the host splits further).
     row_stats_in_shared: pass the per-head rescale and reciprocal sum to the PV accumulator's
-    layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output fragments different row
-    owners, which TileLang rejects as a layout conflict (sm_121's 64-head tile)."""
+    layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output
+    fragments different row owners, which TileLang rejects as a layout conflict (sm_121's 64-head
+    tile)."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail
-    width = D + Dt
     acc = T.float32
 
-    S, H, topk, slots, n_split, head_blocks = run_time_shapes(HB)
+    @T.macro
+    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+        q_s = T.alloc_shared([HB, D], fp8_dtype)
+        k_s = T.alloc_shared([BI, D], fp8_dtype)
+        if Dt:
+            qt_s = T.alloc_shared([HB, Dt], fp8_dtype)
+            kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
+        v_s = T.alloc_shared([BI, D], T.float16)
+        p_s = T.alloc_shared([HB, BI], T.float16)
+        # The split's row ids, loaded once: each tile's gather addresses and masks then come from
+        # shared memory instead of a dependent global load (an HBM latency) per tile.
+        ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
 
-    @T.prim_func
-    def decode(
-        q: T.Tensor([S, H, width], T.bfloat16),
-        kv: T.Tensor([slots, 1, width], fp8_dtype),
-        indices: T.Tensor([S, 1, topk], T.int32),
-        sm_scale: T.float32,
-        split_rows: T.int32,
-        out: T.Tensor([S, n_split, H, D], T.bfloat16),
-        lse: T.Tensor([S, n_split, H], acc),
-    ):
-        # one grid axis each for query, head block and split: no run-time division in any address
-        with T.Kernel(S, head_blocks, n_split, threads=tile.threads) as (s_i, hb, sp):
-            q_s = T.alloc_shared([HB, D], fp8_dtype)
-            k_s = T.alloc_shared([BI, D], fp8_dtype)
+        acc_s = T.alloc_fragment([HB, BI], acc)
+        acc_o = T.alloc_fragment([HB, D], acc)
+        m = T.alloc_fragment([HB], acc)
+        m_tile = T.alloc_fragment([HB], acc)
+        grew = T.alloc_shared([1], T.int32)
+        alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
+        inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
+        sum_part = T.alloc_fragment([HB, BI], acc)
+        row_sum = T.alloc_fragment([HB], acc)
+
+        h0 = hb * HB
+        scale2 = sm_scale * LOG2E
+
+        # Padded heads (H < HB) get zero rows: their scores are 0, harmless, never written out.
+        for h, d in T.Parallel(HB, D):
+            q_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
+        if Dt:
+            for h, d in T.Parallel(HB, Dt):
+                qt_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+        for r in T.Parallel(tile.index_rows):
+            ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
+        T.fill(acc_o, 0)
+        T.fill(sum_part, 0)
+        T.fill(m, NEG_BIG)
+
+        for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
+            base = t * BI
+            # Row ids index kv unclamped: TileLang's bounds guard then predicates each cp.async on
+            # 0 <= id < slots and zero-fills masked (-1) rows, so they are never read, V needs no mask,
+            # and a NaN in slot 0 cannot leak (tests/kernels/test_decode_gpu.py puts one there).
+            for r, d in T.Parallel(BI, D):
+                k_s[r, d] = kv[ids[base + r], 0, d]
             if Dt:
-                qt_s = T.alloc_shared([HB, Dt], fp8_dtype)
-                kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
-            v_s = T.alloc_shared([BI, D], T.float16)
-            p_s = T.alloc_shared([HB, BI], T.float16)
-            # The split's row ids, loaded once: each tile's gather addresses and masks then come from
-            # shared memory instead of a dependent global load (an HBM latency) per tile.
-            ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
+                for r, d in T.Parallel(BI, Dt):
+                    kt_s[r, d] = kv[ids[base + r], 0, D + d]
 
-            acc_s = T.alloc_fragment([HB, BI], acc)
-            acc_o = T.alloc_fragment([HB, D], acc)
-            m = T.alloc_fragment([HB], acc)
-            m_tile = T.alloc_fragment([HB], acc)
-            grew = T.alloc_shared([1], T.int32)
-            alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
-            inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
-            sum_part = T.alloc_fragment([HB, BI], acc)
-            row_sum = T.alloc_fragment([HB], acc)
-
-            h0 = hb * HB
-            scale2 = sm_scale * LOG2E
-
-            # Padded heads (H < HB) get zero rows: their scores are 0, harmless, never written out.
-            for h, d in T.Parallel(HB, D):
-                q_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
+            T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
             if Dt:
-                for h, d in T.Parallel(HB, Dt):
-                    qt_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
-            for r in T.Parallel(tile.index_rows):
-                ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
-            T.fill(acc_o, 0)
-            T.fill(sum_part, 0)
-            T.fill(m, NEG_BIG)
+                T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            for r, d in T.Parallel(BI, D):
+                v_s[r, d] = k_s[r, d].astype(T.float16)
+            for h, r in T.Parallel(HB, BI):
+                acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
 
-            for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
-                base = t * BI
-                # Row ids index kv unclamped: TileLang's bounds guard then predicates each cp.async on
-                # 0 <= id < slots and zero-fills masked (-1) rows, so they are never read, V needs no mask,
-                # and a NaN in slot 0 cannot leak (tests/kernels/test_decode_gpu.py puts one there).
-                for r, d in T.Parallel(BI, D):
-                    k_s[r, d] = kv[ids[base + r], 0, d]
-                if Dt:
-                    for r, d in T.Parallel(BI, Dt):
-                        kt_s[r, d] = kv[ids[base + r], 0, D + d]
+            online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, t + 1, scale2)
+            T.copy(acc_s, p_s)
+            T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
-                T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-                if Dt:
-                    T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                for r, d in T.Parallel(BI, D):
-                    v_s[r, d] = k_s[r, d].astype(T.float16)
-                for h, r in T.Parallel(HB, BI):
-                    acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
+        T.reduce_sum(sum_part, row_sum, dim=1)
+        # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN. One
+        # reciprocal a head, not a division an element.
+        for h in T.Parallel(HB):
+            inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+        for h, d in T.Parallel(HB, D):
+            if h0 + h < H:
+                out[s_i, sp, h0 + h, d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
+        for h in T.Parallel(HB):
+            if h0 + h < H:
+                lse[s_i, sp, h0 + h] = T.if_then_else(
+                    row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
 
-                online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, t + 1, scale2)
-                T.copy(acc_s, p_s)
-                T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
-
-            T.reduce_sum(sum_part, row_sum, dim=1)
-            # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN. One
-            # reciprocal a head, not a division an element.
-            for h in T.Parallel(HB):
-                inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
-            for h, d in T.Parallel(HB, D):
-                if h0 + h < H:
-                    out[s_i, sp, h0 + h, d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
-            for h in T.Parallel(HB):
-                if h0 + h < H:
-                    lse[s_i, sp, h0 + h] = T.if_then_else(
-                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
-
-    return decode
+    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block)
 
 
 def combine_program(d_v: int, *, heads_per_cta: int = 4, threads: int = 128):

@@ -13,7 +13,7 @@ does its upcast while warpgroup 0 runs the QK^T product and softmax. Tiles are h
 (buffer 0, buffer 1), so a split must own an even number of tiles.
 """
 import tilelang.language as T
-from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, online_softmax, run_time_shapes
+from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, decode_kernel, online_softmax
 
 HEADS = 64
 THREADS = 384
@@ -23,10 +23,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
     HB, BI = HEADS, block_rows
     D, Dt = d_v, d_tail
     half = D // 2
-    width = D + Dt
     acc, f16 = T.float32, T.float16
-
-    S, H, topk, slots, n_split, head_blocks = run_time_shapes(HB)
 
     @T.macro
     def consume_left(i, b, kl, kr, kt, valid, ready, free, q_l, q_r, q_t, v_l, p_s, alpha_s, p_ready, p_free,
@@ -87,108 +84,99 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype:
                                        T.access_ptr(kv[idx[p], 0, D + chunk * 16], "r", 16), 16)
         T.cp_async_barrier_noinc(ready[0])
 
-    @T.prim_func
-    def decode(
-        q: T.Tensor([S, H, width], T.bfloat16),
-        kv: T.Tensor([slots, 1, width], fp8_dtype),
-        indices: T.Tensor([S, 1, topk], T.int32),
-        sm_scale: T.float32,
-        split_rows: T.int32,
-        out: T.Tensor([S, n_split, H, D], T.bfloat16),
-        lse: T.Tensor([S, n_split, H], acc),
-    ):
-        with T.Kernel(S, head_blocks, n_split, threads=THREADS) as (s_i, hb, by):
-            q_l = T.alloc_shared([HB, half], fp8_dtype)
-            q_r = T.alloc_shared([HB, half], fp8_dtype)
-            k0_l = T.alloc_shared([BI, half], fp8_dtype)
-            k0_r = T.alloc_shared([BI, half], fp8_dtype)
-            k1_l = T.alloc_shared([BI, half], fp8_dtype)
-            k1_r = T.alloc_shared([BI, half], fp8_dtype)
-            q_t = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
-            k0_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
-            k1_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
-            valid0 = T.alloc_shared([BI], T.bool)
-            valid1 = T.alloc_shared([BI], T.bool)
-            v_l = T.alloc_shared([BI, half], f16)
-            v_r = T.alloc_shared([BI, half], f16)
-            p_s = T.alloc_shared([HB, BI], f16)
-            alpha_s = T.alloc_shared([HB], acc)
-            sum_s = T.alloc_shared([HB], acc)
+    @T.macro
+    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, by):
+        q_l = T.alloc_shared([HB, half], fp8_dtype)
+        q_r = T.alloc_shared([HB, half], fp8_dtype)
+        k0_l = T.alloc_shared([BI, half], fp8_dtype)
+        k0_r = T.alloc_shared([BI, half], fp8_dtype)
+        k1_l = T.alloc_shared([BI, half], fp8_dtype)
+        k1_r = T.alloc_shared([BI, half], fp8_dtype)
+        q_t = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        k0_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
+        k1_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
+        valid0 = T.alloc_shared([BI], T.bool)
+        valid1 = T.alloc_shared([BI], T.bool)
+        v_l = T.alloc_shared([BI, half], f16)
+        v_r = T.alloc_shared([BI, half], f16)
+        p_s = T.alloc_shared([HB, BI], f16)
+        alpha_s = T.alloc_shared([HB], acc)
+        sum_s = T.alloc_shared([HB], acc)
 
-            acc_s = T.alloc_fragment([HB, BI], acc)
-            acc_o_l = T.alloc_fragment([HB, half], acc)
-            acc_o_r = T.alloc_fragment([HB, half], acc)
-            m = T.alloc_fragment([HB], acc)
-            m_tile = T.alloc_fragment([HB], acc)
-            grew = T.alloc_shared([1], T.int32)  # only warpgroup 0 touches it
-            alpha = T.alloc_fragment([HB], acc)
-            sum_part = T.alloc_fragment([HB, BI], acc)
-            row_sum = T.alloc_fragment([HB], acc)
-            idx = T.alloc_local([BI // 8], T.int32)
+        acc_s = T.alloc_fragment([HB, BI], acc)
+        acc_o_l = T.alloc_fragment([HB, half], acc)
+        acc_o_r = T.alloc_fragment([HB, half], acc)
+        m = T.alloc_fragment([HB], acc)
+        m_tile = T.alloc_fragment([HB], acc)
+        grew = T.alloc_shared([1], T.int32)  # only warpgroup 0 touches it
+        alpha = T.alloc_fragment([HB], acc)
+        sum_part = T.alloc_fragment([HB, BI], acc)
+        row_sum = T.alloc_fragment([HB], acc)
+        idx = T.alloc_local([BI // 8], T.int32)
 
-            k0_ready = T.alloc_barrier(128)
-            k1_ready = T.alloc_barrier(128)
-            k0_free = T.alloc_barrier(256)
-            k1_free = T.alloc_barrier(256)
-            p_ready = T.alloc_barrier(128)
-            p_free = T.alloc_barrier(128)
-            sums_ready = T.alloc_barrier(128)
+        k0_ready = T.alloc_barrier(128)
+        k1_ready = T.alloc_barrier(128)
+        k0_free = T.alloc_barrier(256)
+        k1_free = T.alloc_barrier(256)
+        p_ready = T.alloc_barrier(128)
+        p_free = T.alloc_barrier(128)
+        sums_ready = T.alloc_barrier(128)
 
-            tx = T.get_thread_binding()
-            h0 = hb * HB
-            scale2 = sm_scale * LOG2E
-            pairs = split_rows // (2 * BI)
+        tx = T.get_thread_binding()
+        h0 = hb * HB
+        scale2 = sm_scale * LOG2E
+        pairs = split_rows // (2 * BI)
 
+        for h, d in T.Parallel(HB, half):
+            q_l[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
+            q_r[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, half + d], 0).astype(fp8_dtype)
+        if Dt:
+            for h, d in T.Parallel(HB, Dt):
+                q_t[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+        T.sync_threads()
+
+        if tx < 128:
+            T.set_max_nreg(240, 1)
+            T.fill(acc_o_l, 0)
+            T.fill(sum_part, 0)
+            T.fill(m, NEG_BIG)
+            for i in T.serial(pairs):
+                consume_left(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
+                             p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
+                consume_left(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
+                             p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
+            T.reduce_sum(sum_part, row_sum, dim=1)
+            for h in T.Parallel(HB):
+                sum_s[h] = row_sum[h]
+            T.barrier_arrive(sums_ready[0])
             for h, d in T.Parallel(HB, half):
-                q_l[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
-                q_r[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, half + d], 0).astype(fp8_dtype)
-            if Dt:
-                for h, d in T.Parallel(HB, Dt):
-                    q_t[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
-            T.sync_threads()
+                if h0 + h < H:
+                    out[s_i, by, h0 + h, d] = (
+                        acc_o_l[h, d] / T.if_then_else(row_sum[h] == 0, 1.0, row_sum[h])).astype(T.bfloat16)
+            for h in T.Parallel(HB):
+                if h0 + h < H:
+                    lse[s_i, by, h0 + h] = T.if_then_else(
+                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+        elif tx < 256:
+            T.set_max_nreg(208, 1)  # 240 + 208 + 56 = 504 = 3 x 168, what a 384-thread block owns
+            T.fill(acc_o_r, 0)
+            for i in T.serial(pairs):
+                consume_right(i, 0, k0_r, valid0, k0_ready, k0_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
+                consume_right(i, 1, k1_r, valid1, k1_ready, k1_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
+            T.barrier_wait(sums_ready[0], 0)
+            for h, d in T.Parallel(HB, half):
+                if h0 + h < H:
+                    out[s_i, by, h0 + h, half + d] = (
+                        acc_o_r[h, d] / T.if_then_else(sum_s[h] == 0, 1.0, sum_s[h])).astype(T.bfloat16)
+        else:
+            T.set_max_nreg(56, 0)
+            lane = tx - 256
+            row_in_pass = lane // 16  # 16 threads a row, 8 rows a pass
+            chunk = lane % 16         # 16-byte chunk of each half row
+            for i in T.serial(pairs):
+                produce(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, kv, indices, idx, s_i,
+                        by * split_rows + i * 2 * BI, row_in_pass, chunk)
+                produce(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, kv, indices, idx, s_i,
+                        by * split_rows + (i * 2 + 1) * BI, row_in_pass, chunk)
 
-            if tx < 128:
-                T.set_max_nreg(240, 1)
-                T.fill(acc_o_l, 0)
-                T.fill(sum_part, 0)
-                T.fill(m, NEG_BIG)
-                for i in T.serial(pairs):
-                    consume_left(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
-                    consume_left(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                                 p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
-                T.reduce_sum(sum_part, row_sum, dim=1)
-                for h in T.Parallel(HB):
-                    sum_s[h] = row_sum[h]
-                T.barrier_arrive(sums_ready[0])
-                for h, d in T.Parallel(HB, half):
-                    if h0 + h < H:
-                        out[s_i, by, h0 + h, d] = (
-                            acc_o_l[h, d] / T.if_then_else(row_sum[h] == 0, 1.0, row_sum[h])).astype(T.bfloat16)
-                for h in T.Parallel(HB):
-                    if h0 + h < H:
-                        lse[s_i, by, h0 + h] = T.if_then_else(
-                            row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
-            elif tx < 256:
-                T.set_max_nreg(208, 1)  # 240 + 208 + 56 = 504 = 3 x 168, what a 384-thread block owns
-                T.fill(acc_o_r, 0)
-                for i in T.serial(pairs):
-                    consume_right(i, 0, k0_r, valid0, k0_ready, k0_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
-                    consume_right(i, 1, k1_r, valid1, k1_ready, k1_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
-                T.barrier_wait(sums_ready[0], 0)
-                for h, d in T.Parallel(HB, half):
-                    if h0 + h < H:
-                        out[s_i, by, h0 + h, half + d] = (
-                            acc_o_r[h, d] / T.if_then_else(sum_s[h] == 0, 1.0, sum_s[h])).astype(T.bfloat16)
-            else:
-                T.set_max_nreg(56, 0)
-                lane = tx - 256
-                row_in_pass = lane // 16  # 16 threads a row, 8 rows a pass
-                chunk = lane % 16         # 16-byte chunk of each half row
-                for i in T.serial(pairs):
-                    produce(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, kv, indices, idx, s_i,
-                            by * split_rows + i * 2 * BI, row_in_pass, chunk)
-                    produce(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, kv, indices, idx, s_i,
-                            by * split_rows + (i * 2 + 1) * BI, row_in_pass, chunk)
-
-    return decode
+    return decode_kernel(HB, D, Dt, fp8_dtype, THREADS, block)

@@ -8,6 +8,7 @@ Stdlib only: the CLI and the routing patch import this without torch or TileLang
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ def heads_per_block(heads: int) -> int:
 
 
 def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
-    """Dynamic shared memory of the decode kernel for this tile (see decode_tl.decode_program)."""
+    """Shared memory of the decode kernel for this tile, dynamic and static (see decode_tl.decode_program)."""
     width = d_v + d_tail
     hb, br = tile.heads_per_block, tile.block_rows
     return (hb * width                  # Q in fp8
@@ -89,14 +90,13 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
         hb = 64
     # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
     # the heads fits: gfx942's 64 KB of LDS.
-    while hb >= 16:
-        for rows, stages in _CANDIDATES:
-            for index_rows in _INDEX_ROWS:
-                # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
-                tile = Tile(hb, rows, stages, threads=256 if rows >= 64 or hb >= 64 else 128, index_rows=index_rows)
-                if smem_bytes(tile, d_tail) <= budget:
-                    return tile
-        hb //= 2
+    head_blocks = [hb >> i for i in range(hb.bit_length()) if hb >> i >= 16]
+    for block_heads, (rows, stages), index_rows in itertools.product(head_blocks, _CANDIDATES, _INDEX_ROWS):
+        # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
+        threads = 256 if rows >= 64 or block_heads >= 64 else 128
+        tile = Tile(block_heads, rows, stages, threads=threads, index_rows=index_rows)
+        if smem_bytes(tile, d_tail) <= budget:
+            return tile
     raise ValueError(f"no decode tile for {heads} heads fits {target.name}'s {budget} B of shared memory")
 
 
