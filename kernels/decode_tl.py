@@ -51,17 +51,18 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
 @T.macro
 def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, step, scale2):
     """One tile of online softmax: scores -> probabilities (in acc_s), added into sum_part.
+    m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
+    row max, or with decode_ws the max over both warpgroups' tiles, so that both keep the same m).
 
     The running max moves only when a head's tile max exceeds it by more than 2^RESCALE_LOG2 in
     probability (FlashAttention-4's lazy rescale): probabilities of up to 2^8 are exact in the fp32
     sums and fine in fp16 P, and the final division uses the same stale max, so the result is
-    unchanged while the 64 x 512 accumulator is rescaled a few times a query instead of every tile
+    unchanged while the accumulator is rescaled a few times a query instead of every tile
     (that multiply was an eighth of the kernel's instructions). `grew` (shared) holds the last step
     at which any head grew: one block-uniform branch, no reset. sum_part has acc_s's shape: each
     thread sums its own columns, and the caller reduces it across threads once, after the last tile
     (a reduction a tile cost two cross-warpgroup exchanges through shared memory)."""
     heads, rows = acc_s.shape
-    T.reduce_max(acc_s, m_tile, dim=1)
     for h in T.Parallel(heads):
         alpha[h] = 1.0
         if (m_tile[h] - m[h]) * scale2 > RESCALE_LOG2:
@@ -150,6 +151,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             for h, r in T.Parallel(HB, BI):
                 acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
 
+            T.reduce_max(acc_s, m_tile, dim=1)
             online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, t + 1, scale2)
             T.copy(acc_s, p_s)
             T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)

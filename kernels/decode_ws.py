@@ -1,16 +1,20 @@
-"""Warp-specialised raw-fp8 sparse-MLA decode for Hopper (wgmma), 64 heads a block.
+"""Warp-specialised raw-fp8 sparse-MLA decode for Hopper (wgmma), 64 heads a block: a seesaw.
 
-Same contract as decode_tl.decode_program (per-split bf16 outputs + natural-log lse), built the
-way TileLang's DeepSeek-V3.2 sparse-MLA examples are, with fp8 changes. 384 threads:
-  warpgroup 0: S = Q.K^T (fp8 wgmma, all 64 heads), online softmax, hands P (fp16) and the
-               rescale factor to warpgroup 1 through shared memory, O[:, :256] += P.V_left
-  warpgroup 1: O[:, 256:] += P.V_right
-  warpgroup 2: producer; gathers the top-k rows (cp.async, masked rows skipped) into a
-               two-buffer fp8 ring and flags which rows are valid
-Each consumer upcasts its own half of the V tile (fp8 -> fp16, exact) from the ring into its own
-shared buffer, so no V buffer is shared between warpgroups and HBM traffic stays fp8; warpgroup 1
-does its upcast while warpgroup 0 runs the QK^T product and softmax. Tiles are handled in pairs
-(buffer 0, buffer 1), so a split must own an even number of tiles.
+Same contract as decode_tl.decode_program (per-split bf16 outputs + natural-log lse). 384 threads:
+  warpgroup 2: producer; gathers the top-k rows (cp.async; masked rows skipped and flagged) into an
+               fp8 ring of `stages` tile buffers (tile t in buffer t % stages)
+  warpgroup w: consumer of tiles 2i + w and owner of output columns [w*256, (w+1)*256). A pair i:
+      S_w = Q.K_w^T            fp8 wgmma, all 64 heads, masked rows -> -inf
+      row maxes exchanged      both warpgroups then keep the same running max (over both tiles)
+      P_w = exp2(S_w - m)      fp16, into shared memory for the peer
+      O_w += P_w . V_w[:, w]   V's half upcast fp8 -> fp16 (exact) into the warpgroup's own buffer
+      O_w += P_peer . V_peer[:, w]
+Both warpgroups run a QK^T product and a softmax, each on its own tile (the earlier split had one
+warpgroup do all of that while the other waited), and meet twice a pair (row maxes, P). A ring
+buffer is released once both have upcast their half of it, so the producer refills it while the PV
+products run: with 3 buffers the next pair's first tile is in flight while a pair computes (with 2,
+measured 1.5x slower, the gather latency was exposed every pair). Tiles come in pairs, so a split
+must own an even number of them.
 """
 import tilelang.language as T
 from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, decode_kernel, online_softmax
@@ -19,164 +23,178 @@ HEADS = 64
 THREADS = 384
 
 
-def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, fp8_dtype: str = "float8_e4m3fn"):
+def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: int = 3,
+                      fp8_dtype: str = "float8_e4m3fn"):
     HB, BI = HEADS, block_rows
     D, Dt = d_v, d_tail
     half = D // 2
     acc, f16 = T.float32, T.float16
 
     @T.macro
-    def consume_left(i, b, kl, kr, kt, valid, ready, free, q_l, q_r, q_t, v_l, p_s, alpha_s, p_ready, p_free,
-                     acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2):
-        """Warpgroup 0, one tile: QK^T, softmax, hand-off of P, left half of PV."""
-        T.barrier_wait(ready[0], i & 1)
-        T.wgmma_gemm(q_l, kl, acc_s, transpose_B=True, clear_accum=True)
-        T.wgmma_gemm(q_r, kr, acc_s, transpose_B=True)
+    def upcast(v, k_half, valid, b):
+        """Ring buffer b's half (fp8) -> v (fp16, exact); masked rows were never loaded: zeros."""
+        for r, d in T.Parallel(BI, half):
+            v[r, d] = T.if_then_else(valid[b, r], k_half[b, r, d].astype(f16), 0)
+        T.fence_proxy_async()  # read next by wgmma (the async proxy)
+
+    @T.macro
+    def consume(w, i, q_l, q_r, q_t, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s,
+                own_stats, peer_stats, own_p_ready, peer_p_ready, acc_s, acc_o, m, m_tile, alpha, sum_part,
+                grew, scale2):
+        """Warpgroup w, pair i: its own tile's QK^T and softmax, then PV of both tiles on its half."""
+        k_half = k_l if w == 0 else k_r
+        own, peer = 2 * i + w, 2 * i + 1 - w  # tile numbers
+        bo, bp = own % stages, peer % stages
+        T.barrier_wait(ready[bo], (own // stages) & 1)
+        T.wgmma_gemm(q_l, k_l[bo, :, :], acc_s, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(q_r, k_r[bo, :, :], acc_s, transpose_B=True)
         if Dt:
-            T.wgmma_gemm(q_t, kt, acc_s, transpose_B=True)
-        for r, d in T.Parallel(BI, half):  # upcast while the products run
-            v_l[r, d] = T.if_then_else(valid[r], kl[r, d].astype(f16), 0)
+            T.wgmma_gemm(q_t, k_t[bo, :, :], acc_s, transpose_B=True)
+        upcast(v, k_half, valid, bo)  # while QK^T runs
         T.wait_wgmma(0)
         for h, r in T.Parallel(HB, BI):
-            acc_s[h, r] = T.if_then_else(valid[r], acc_s[h, r], -T.infinity(acc))
-        T.barrier_arrive(free[0])
-
-        online_softmax(acc_s, acc_o_l, m, m_tile, alpha, sum_part, grew, i * 2 + b + 1, scale2)
-        # warpgroup 1 is done with the previous tile's P and alpha (a fresh barrier passes parity 1)
-        T.barrier_wait(p_free[0], b ^ 1)
-        T.copy(alpha, alpha_s)
-        T.copy(acc_s, p_s)
-        T.fence_proxy_async()  # P is read next by the other warpgroup's wgmma
-        T.barrier_arrive(p_ready[0])
-        T.gemm(p_s, v_l, acc_o_l)
+            acc_s[h, r] = T.if_then_else(valid[bo, r], acc_s[h, r], -T.infinity(acc))
+        T.barrier_arrive(free[bo])
+        T.reduce_max(acc_s, m_tile, dim=1)
+        for h in T.Parallel(HB):
+            max_s[w, h] = m_tile[h]
+        # Arriving here also tells the peer this warpgroup's last PV product with the peer's P is
+        # done (waited above), so the peer may overwrite its P buffer.
+        T.barrier_arrive(own_stats[0])
+        T.barrier_wait(peer_stats[0], i & 1)
+        for h in T.Parallel(HB):
+            m_tile[h] = T.max(m_tile[h], max_s[1 - w, h])
+        online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, i + 1, scale2)
+        T.copy(acc_s, own_p)
+        T.fence_proxy_async()
+        T.barrier_arrive(own_p_ready[0])
+        T.wgmma_gemm(own_p, v, acc_o)
+        T.barrier_wait(peer_p_ready[0], i & 1)
+        T.wait_wgmma(0)
+        upcast(v, k_half, valid, bp)
+        T.barrier_arrive(free[bp])
+        # Synchronous: a product still in flight across the loop's back edge made ptxas serialize
+        # every wgmma of the kernel (C7514, "non wgmma instructions reading accumulator registers").
+        T.gemm(peer_p, v, acc_o)
 
     @T.macro
-    def consume_right(i, b, kr, valid, ready, free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r):
-        """Warpgroup 1, one tile: upcast the right V half (during warpgroup 0's QK^T), right half of PV."""
-        T.barrier_wait(ready[0], i & 1)
-        for r, d in T.Parallel(BI, half):
-            v_r[r, d] = T.if_then_else(valid[r], kr[r, d].astype(f16), 0)
-        T.barrier_arrive(free[0])
-        T.barrier_wait(p_ready[0], b)
+    def consumer(w, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s, sum_s,
+                 own_stats, peer_stats, own_p_ready, peer_p_ready, grew, out, lse, H, s_i, sp, h0, scale2, pairs):
+        """Consumer warpgroup w (its own fragments: a fragment's layout belongs to one thread range)."""
+        acc_s = T.alloc_fragment([HB, BI], acc)
+        acc_o = T.alloc_fragment([HB, half], acc)
+        m = T.alloc_fragment([HB], acc)
+        m_tile = T.alloc_fragment([HB], acc)
+        alpha = T.alloc_fragment([HB], acc)
+        sum_part = T.alloc_fragment([HB, BI], acc)
+        row_sum = T.alloc_fragment([HB], acc)
+
+        T.set_max_nreg(224, 1)  # 224 + 224 + 56 = 504 = 3 x 168, what a 384-thread block owns
+        # Q in fp8, half by each consumer (16-byte loads; the producer's first gathers run meanwhile).
+        # Padded heads (H < 64) get zero rows: their scores are 0, harmless, never written out.
+        q_mine = q_l if w == 0 else q_r
         for h, d in T.Parallel(HB, half):
-            acc_o_r[h, d] *= alpha_s[h]
-        T.gemm(p_s, v_r, acc_o_r)
-        T.barrier_arrive(p_free[0])
+            q_mine[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, w * half + d], 0).astype(fp8_dtype)
+        if Dt and w == 1:
+            for h, d in T.Parallel(HB, Dt):
+                q_t[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+        T.fence_proxy_async()  # read by both consumers' wgmma
+        T.barrier_arrive(q_ready[0])
+        T.barrier_wait(q_ready[0], 0)
+        T.fill(acc_o, 0)
+        T.fill(sum_part, 0)
+        T.fill(m, NEG_BIG)
+        for i in T.serial(pairs):
+            consume(w, i, q_l, q_r, q_t, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s,
+                    own_stats, peer_stats, own_p_ready, peer_p_ready, acc_s, acc_o, m, m_tile, alpha, sum_part,
+                    grew, scale2)
+        # softmax sums: each warpgroup summed its own tiles; both add the same two numbers
+        T.reduce_sum(sum_part, row_sum, dim=1)
+        for h in T.Parallel(HB):
+            sum_s[w, h] = row_sum[h]
+        T.barrier_arrive(own_stats[0])
+        T.barrier_wait(peer_stats[0], pairs & 1)
+        for h in T.Parallel(HB):
+            row_sum[h] += sum_s[1 - w, h]
+        # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
+        for h in T.Parallel(HB):
+            alpha[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+        for h, d in T.Parallel(HB, half):
+            if h0 + h < H:
+                out[s_i, sp, h0 + h, w * half + d] = (acc_o[h, d] * alpha[h]).astype(T.bfloat16)
+        if w == 0:
+            for h in T.Parallel(HB):
+                if h0 + h < H:
+                    lse[s_i, sp, h0 + h] = T.if_then_else(
+                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
 
     @T.macro
-    def produce(i, b, kl, kr, kt, valid, ready, free, kv, indices, idx, s_i, base, row_in_pass, chunk):
-        """Warpgroup 2, one tile: gather the rows into one ring buffer (16 threads a row)."""
-        T.barrier_wait(free[0], (i & 1) ^ 1)
+    def produce(t, k_l, k_r, k_t, valid, ready, free, kv, indices, idx, s_i, base, row_in_pass, chunk):
+        """Warpgroup 2, tile t: gather its rows into ring buffer t % stages (16 threads a row)."""
+        b = t % stages
+        T.barrier_wait(free[b], ((t // stages) & 1) ^ 1)
         for p in T.unroll(BI // 8):  # all of this thread's row ids first: one memory latency, not eight
             idx[p] = indices[s_i, 0, base + p * 8 + row_in_pass]
         for p in T.unroll(BI // 8):
             r = p * 8 + row_in_pass
-            valid[r] = idx[p] >= 0
-            if idx[p] >= 0:  # masked rows are not read: their scores and V are zeroed by the consumers
+            valid[b, r] = idx[p] >= 0
+            if idx[p] >= 0:  # masked rows are not read: the consumers zero their scores and V
                 # explicit cp.async (16 B); an `async_scope` copy loop stays synchronous in TileLang 0.1.12
-                T.ptx_cp_async(T.access_ptr(kl[r, chunk * 16], "w", 16),
+                T.ptx_cp_async(T.access_ptr(k_l[b, r, chunk * 16], "w", 16),
                                T.access_ptr(kv[idx[p], 0, chunk * 16], "r", 16), 16)
-                T.ptx_cp_async(T.access_ptr(kr[r, chunk * 16], "w", 16),
+                T.ptx_cp_async(T.access_ptr(k_r[b, r, chunk * 16], "w", 16),
                                T.access_ptr(kv[idx[p], 0, half + chunk * 16], "r", 16), 16)
                 if Dt:  # noqa: SIM102 - a trace-time test around a device-side one
                     if chunk < Dt // 16:
-                        T.ptx_cp_async(T.access_ptr(kt[r, chunk * 16], "w", 16),
+                        T.ptx_cp_async(T.access_ptr(k_t[b, r, chunk * 16], "w", 16),
                                        T.access_ptr(kv[idx[p], 0, D + chunk * 16], "r", 16), 16)
-        T.cp_async_barrier_noinc(ready[0])
+        T.cp_async_barrier_noinc(ready[b])
 
     @T.macro
-    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, by):
+    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
         q_l = T.alloc_shared([HB, half], fp8_dtype)
         q_r = T.alloc_shared([HB, half], fp8_dtype)
-        k0_l = T.alloc_shared([BI, half], fp8_dtype)
-        k0_r = T.alloc_shared([BI, half], fp8_dtype)
-        k1_l = T.alloc_shared([BI, half], fp8_dtype)
-        k1_r = T.alloc_shared([BI, half], fp8_dtype)
         q_t = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
-        k0_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
-        k1_t = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
-        valid0 = T.alloc_shared([BI], T.bool)
-        valid1 = T.alloc_shared([BI], T.bool)
-        v_l = T.alloc_shared([BI, half], f16)
-        v_r = T.alloc_shared([BI, half], f16)
-        p_s = T.alloc_shared([HB, BI], f16)
-        alpha_s = T.alloc_shared([HB], acc)
-        sum_s = T.alloc_shared([HB], acc)
-
-        acc_s = T.alloc_fragment([HB, BI], acc)
-        acc_o_l = T.alloc_fragment([HB, half], acc)
-        acc_o_r = T.alloc_fragment([HB, half], acc)
-        m = T.alloc_fragment([HB], acc)
-        m_tile = T.alloc_fragment([HB], acc)
-        grew = T.alloc_shared([1], T.int32)  # only warpgroup 0 touches it
-        alpha = T.alloc_fragment([HB], acc)
-        sum_part = T.alloc_fragment([HB, BI], acc)
-        row_sum = T.alloc_fragment([HB], acc)
+        k_l = T.alloc_shared([stages, BI, half], fp8_dtype)  # the ring: left and right halves, tail
+        k_r = T.alloc_shared([stages, BI, half], fp8_dtype)
+        k_t = T.alloc_shared([stages, BI, Dt], fp8_dtype) if Dt else None
+        valid = T.alloc_shared([stages, BI], T.bool)
+        v0 = T.alloc_shared([BI, half], f16)  # each consumer's upcast V half (of its tile, then the peer's)
+        v1 = T.alloc_shared([BI, half], f16)
+        p0 = T.alloc_shared([HB, BI], f16)
+        p1 = T.alloc_shared([HB, BI], f16)
+        max_s = T.alloc_shared([2, HB], acc)
+        sum_s = T.alloc_shared([2, HB], acc)
+        grew0 = T.alloc_shared([1], T.int32)
+        grew1 = T.alloc_shared([1], T.int32)
         idx = T.alloc_local([BI // 8], T.int32)
 
-        k0_ready = T.alloc_barrier(128)
-        k1_ready = T.alloc_barrier(128)
-        k0_free = T.alloc_barrier(256)
-        k1_free = T.alloc_barrier(256)
-        p_ready = T.alloc_barrier(128)
-        p_free = T.alloc_barrier(128)
-        sums_ready = T.alloc_barrier(128)
+        ready = T.alloc_barrier([128] * stages)
+        free = T.alloc_barrier([256] * stages)  # both consumers upcast their half of each tile
+        stats0 = T.alloc_barrier(128)
+        stats1 = T.alloc_barrier(128)
+        p0_ready = T.alloc_barrier(128)
+        p1_ready = T.alloc_barrier(128)
+        q_ready = T.alloc_barrier(256)
 
         tx = T.get_thread_binding()
         h0 = hb * HB
         scale2 = sm_scale * LOG2E
         pairs = split_rows // (2 * BI)
 
-        for h, d in T.Parallel(HB, half):
-            q_l[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
-            q_r[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, half + d], 0).astype(fp8_dtype)
-        if Dt:
-            for h, d in T.Parallel(HB, Dt):
-                q_t[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
-        T.sync_threads()
-
         if tx < 128:
-            T.set_max_nreg(240, 1)
-            T.fill(acc_o_l, 0)
-            T.fill(sum_part, 0)
-            T.fill(m, NEG_BIG)
-            for i in T.serial(pairs):
-                consume_left(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                             p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
-                consume_left(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, q_l, q_r, q_t, v_l, p_s, alpha_s,
-                             p_ready, p_free, acc_s, acc_o_l, m, m_tile, grew, alpha, sum_part, scale2)
-            T.reduce_sum(sum_part, row_sum, dim=1)
-            for h in T.Parallel(HB):
-                sum_s[h] = row_sum[h]
-            T.barrier_arrive(sums_ready[0])
-            for h, d in T.Parallel(HB, half):
-                if h0 + h < H:
-                    out[s_i, by, h0 + h, d] = (
-                        acc_o_l[h, d] / T.if_then_else(row_sum[h] == 0, 1.0, row_sum[h])).astype(T.bfloat16)
-            for h in T.Parallel(HB):
-                if h0 + h < H:
-                    lse[s_i, by, h0 + h] = T.if_then_else(
-                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+            consumer(0, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v0, p0, p1, max_s, sum_s,
+                     stats0, stats1, p0_ready, p1_ready, grew0, out, lse, H, s_i, sp, h0, scale2, pairs)
         elif tx < 256:
-            T.set_max_nreg(208, 1)  # 240 + 208 + 56 = 504 = 3 x 168, what a 384-thread block owns
-            T.fill(acc_o_r, 0)
-            for i in T.serial(pairs):
-                consume_right(i, 0, k0_r, valid0, k0_ready, k0_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
-                consume_right(i, 1, k1_r, valid1, k1_ready, k1_free, v_r, p_s, alpha_s, p_ready, p_free, acc_o_r)
-            T.barrier_wait(sums_ready[0], 0)
-            for h, d in T.Parallel(HB, half):
-                if h0 + h < H:
-                    out[s_i, by, h0 + h, half + d] = (
-                        acc_o_r[h, d] / T.if_then_else(sum_s[h] == 0, 1.0, sum_s[h])).astype(T.bfloat16)
+            consumer(1, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v1, p1, p0, max_s, sum_s,
+                     stats1, stats0, p1_ready, p0_ready, grew1, out, lse, H, s_i, sp, h0, scale2, pairs)
         else:
             T.set_max_nreg(56, 0)
             lane = tx - 256
             row_in_pass = lane // 16  # 16 threads a row, 8 rows a pass
             chunk = lane % 16         # 16-byte chunk of each half row
-            for i in T.serial(pairs):
-                produce(i, 0, k0_l, k0_r, k0_t, valid0, k0_ready, k0_free, kv, indices, idx, s_i,
-                        by * split_rows + i * 2 * BI, row_in_pass, chunk)
-                produce(i, 1, k1_l, k1_r, k1_t, valid1, k1_ready, k1_free, kv, indices, idx, s_i,
-                        by * split_rows + (i * 2 + 1) * BI, row_in_pass, chunk)
+            for t in T.serial(pairs * 2):
+                produce(t, k_l, k_r, k_t, valid, ready, free, kv, indices, idx, s_i,
+                        sp * split_rows + t * BI, row_in_pass, chunk)
 
     return decode_kernel(HB, D, Dt, fp8_dtype, THREADS, block)

@@ -33,7 +33,7 @@ class Tile:
     block_rows: int       # top-k rows gathered per pipeline step
     stages: int           # depth of the gather ring
     threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
-    warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two consumer warpgroups
+    warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two seesaw consumer warpgroups
     index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
 
     @property
@@ -62,12 +62,12 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
     return (hb * width                  # Q in fp8
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + br * d_v * 2              # V upcast to fp16
-            + hb * br * 2               # P in fp16
+            + (2 if tile.warp_specialized else 1) * hb * br * 2  # P in fp16 (decode_ws: one per consumer)
             + (0 if tile.warp_specialized else 4 * tile.index_rows)  # the split's row ids
             + _COMPILER_EXTRA)
 
 
-WS_TILE = Tile(64, 64, 2, threads=384, warp_specialized=True)
+WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 
 
 def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None) -> Tile:
@@ -76,7 +76,7 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
     warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
     DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
-    see BENCHMARKS.md, so it is opt-in until its per-tile cost is found).
+    202-226 vs 172-191 us at S=256, see BENCHMARKS.md).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
