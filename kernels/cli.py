@@ -1,5 +1,6 @@
 """`dsaops kernels compile|supports`: build every decode kernel the dispatch can choose for a target,
-with no GPU, and report each one's shared memory against the target's budget.
+with no GPU, and report each one's shared memory against the target's budget (and with --ptxas,
+its registers, spills and whether ptxas serialized its wgmma instructions: kernels/ptxas.py).
 
 Compiling for sm_121a succeeds even when a kernel could never launch there (it asks for more
 shared memory than GB10 has), so the budget check reads the compiler's figure, not an estimate.
@@ -27,6 +28,7 @@ class Built:
     smem_bytes: int     # dynamic + static shared memory of the compiled kernel
     budget: int
     uses_wgmma: bool    # Hopper tensor-core instructions in the device code
+    ptxas: object = None  # ptxas.PtxasReport when asked for
 
     @property
     def fits(self) -> bool:
@@ -54,7 +56,7 @@ def shared_memory_bytes(host_source: str, device_source: str, name: str) -> int:
 
 
 def _build(job) -> tuple:
-    target_name, tile, d_tail, cache_dir = job
+    target_name, tile, d_tail, cache_dir, with_ptxas = job
     if cache_dir:
         os.environ["TILELANG_CACHE_DIR"] = cache_dir
     from dsaops.kernels.decode import compile_kernel
@@ -68,13 +70,19 @@ def _build(job) -> tuple:
         raise RuntimeError(f"{target_name} {tile} d_tail={d_tail}: {type(e).__name__}: {e}") from None
     name = "combine" if tile is None else "decode"
     device = kernel.get_kernel_source()
-    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device
+    report = None
+    if with_ptxas:
+        from dsaops.kernels import ptxas
+
+        report = ptxas.report(device, target.gpu_arch)
+    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device, report
 
 
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
-          workers: int | None = None) -> list[Built]:
+          workers: int | None = None, ptxas: bool = False) -> list[Built]:
     """Compile (tile, d_tail) kernels for a target in parallel processes; default: every one the
-    dispatch can choose, plus the combine kernel. Returns one Built per kernel."""
+    dispatch can choose, plus the combine kernel. Returns one Built per kernel; with `ptxas`, each
+    carries ptxas's report (one more nvcc run a kernel)."""
     from dsaops.kernels import tiles
 
     from dsaops import targets
@@ -85,7 +93,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
     if jobs is None:
         jobs = sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str) + [(None, None)]
-    work = [(target_name, tile, dt, cache_dir) for tile, dt in jobs]
+    work = [(target_name, tile, dt, cache_dir, ptxas) for tile, dt in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1)
     if workers == 1:
         done = [_build(w) for w in work]
@@ -94,7 +102,8 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             done = list(pool.map(_build, work))
-    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma) for tile, dt, smem, wgmma in done]
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report)
+            for tile, dt, smem, wgmma, report in done]
 
 
 def add_parser(sub) -> None:
@@ -105,6 +114,8 @@ def add_parser(sub) -> None:
     c.add_argument("--cache-dir", help="TILELANG_CACHE_DIR for the compiled kernels "
                                        "(default $DSAOPS_CACHE/tilelang)")
     c.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: CPU count)")
+    c.add_argument("--ptxas", action="store_true",
+                   help="also report registers, spills and serialized wgmma (one more nvcc run a kernel)")
     c.set_defaults(func=run_compile)
     s = ksub.add_parser("supports", help="exit 0 if sparse_mla_decode_fp8 handles this geometry, else 1")
     s.add_argument("--heads", type=int, required=True)
@@ -132,19 +143,27 @@ def run_compile(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
-    built = {(b.tile, b.d_tail): b for b in build(args.target, cache_dir=cache_dir, workers=args.jobs)}
-    print(f"{'heads':>5} {'d_tail':>6}  {'tile':<18} {'shared memory':>14} {'budget':>8}  fits")
-    for heads, d_tail, tile in tiles.configurations(target):
-        b = built[(tile, d_tail)]
-        print(f"{heads:>5} {d_tail:>6}  {tile.name:<18} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO'}")
-    comb = built[(None, None)]
-    print(f"{'any':>5} {'-':>6}  {'combine':<18} {comb.smem_bytes:>14,} {comb.budget:>8,}  {'yes' if comb.fits else 'NO'}")
+    built = {(b.tile, b.d_tail): b for b in build(args.target, cache_dir=cache_dir, workers=args.jobs,
+                                                   ptxas=args.ptxas)}
+    print(f"{'heads':>5} {'d_tail':>6}  {'tile':<18} {'shared memory':>14} {'budget':>8}  fits"
+          + ("  registers  spills  wgmma" if args.ptxas else ""))
+    rows = [(str(heads), str(d_tail), tile.name, built[(tile, d_tail)]) for heads, d_tail, tile in tiles.configurations(target)]
+    rows.append(("any", "-", "combine", built[(None, None)]))
+    for heads, d_tail, name, b in rows:
+        line = f"{heads:>5} {d_tail:>6}  {name:<18} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO':<4}"
+        if b.ptxas:
+            wgmma = ("SERIALIZED" if b.ptxas.wgmma_serialized else "async") if b.uses_wgmma else "-"
+            line += f"  {b.ptxas.registers:>9} {b.ptxas.spill_bytes:>7}  {wgmma}"
+        print(line.rstrip())
     over = [b for b in built.values() if not b.fits]
     if over:
         print(f"{len(over)} kernel(s) exceed {args.target}'s shared memory: {', '.join(b.kernel for b in over)}",
               file=sys.stderr)
-        return 1
-    return 0
+    serialized = [b for b in built.values() if b.ptxas and b.ptxas.wgmma_serialized]
+    if serialized:
+        print(f"ptxas serialized the wgmma of {', '.join(b.kernel for b in serialized)}: an accumulator is read "
+              f"while a product into it may be in flight (kernels/ptxas.py)", file=sys.stderr)
+    return 1 if over or serialized else 0
 
 
 def run_supports(args) -> int:

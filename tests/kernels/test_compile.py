@@ -24,8 +24,8 @@ def built():
     """{target: {(tile, d_tail): Built}} plus the negative control, all compiled in one go."""
     need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
     out = {}
-    for name in ("sm_90", "sm_121"):
-        out[name] = {(b.tile, b.d_tail): b for b in cli.build(name, cache_dir=CACHE)}
+    for name in ("sm_90", "sm_121"):  # ptxas's verdict where there is wgmma to serialize
+        out[name] = {(b.tile, b.d_tail): b for b in cli.build(name, cache_dir=CACHE, ptxas=name == "sm_90")}
     (control,) = cli.build("sm_121", jobs=[(OVERSIZED_FOR_SM121, 0)], cache_dir=CACHE, workers=1)
     out["control"] = control
     return out
@@ -53,6 +53,51 @@ def test_hopper_uses_wgmma_and_gb10_does_not(built):
     assert built["sm_90"][(tiles.WS_TILE, 0)].uses_wgmma
     assert built["sm_90"][(tiles.choose(targets.get("sm_90"), 64, warp_specialized=False), 0)].uses_wgmma
     assert not any(b.uses_wgmma for b in built["sm_121"].values())
+
+
+def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
+    """ptxas serializes every wgmma of a kernel (C7514) when an accumulator may be read while a
+    product into it is in flight; decode_ws lost 4% on the H200 to one such product."""
+    for b in built["sm_90"].values():
+        assert not b.ptxas.wgmma_serialized, b.kernel
+        assert b.ptxas.spill_bytes == 0, (b.kernel, b.ptxas)
+        assert 0 < b.ptxas.registers <= 255, (b.kernel, b.ptxas)
+
+
+def test_serialized_wgmma_is_detected():
+    """Negative control: a product whose accumulator is scaled before the wait."""
+    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    import os
+
+    import tilelang
+    import tilelang.language as T
+    from dsaops.kernels import ptxas
+
+    os.environ.setdefault("TILELANG_CACHE_DIR", CACHE)
+
+    def program(read_in_flight: bool):
+        @T.prim_func
+        def k(A: T.Tensor((64, 64), T.float16), B: T.Tensor((64, 64), T.float16), C: T.Tensor((64, 64), T.float32)):
+            with T.Kernel(1, threads=128):
+                a = T.alloc_shared((64, 64), T.float16)
+                b = T.alloc_shared((64, 64), T.float16)
+                c = T.alloc_fragment((64, 64), T.float32)
+                T.copy(A, a)
+                T.copy(B, b)
+                T.fill(c, 0)
+                for _ in T.serial(4):
+                    T.wgmma_gemm(a, b, c)
+                    if read_in_flight:
+                        for i, j in T.Parallel(64, 64):
+                            c[i, j] = c[i, j] * 0.5
+                    T.wait_wgmma(0)
+                T.copy(c, C)
+        return k
+
+    sm90 = targets.get("sm_90")
+    verdicts = [ptxas.report(tilelang.compile(program(flag), target=sm90.tilelang_target).get_kernel_source(),
+                             sm90.gpu_arch).wgmma_serialized for flag in (False, True)]
+    assert verdicts == [False, True]
 
 
 def test_oversized_tile_for_sm121_is_detected(built):
