@@ -6,15 +6,16 @@ DIR holds `sglang/kernels/ops/attention/dsa/tilelang_kernel.py` from the pinned 
 a baseline with small stand-ins for its two SGLang imports, never copied). Geometry: GLM-5.3-Flash
 NoPE MLA (d_v=512, d_tail=0), top-k 2048, a 1,048,576-row pool, random distinct indices per query.
 GPU time = median of CUDA-graph replays (20 calls a graph); eager host cost = wall time per call of
-back-to-back eager calls (the GPU never stalls the host there). The roofline is the larger of the
-fp8 rows read once over the measured copy bandwidth and the FLOPs over the measured fp8 matmul
-rate. Kernels compile first in parallel processes (cached in TILELANG_CACHE_DIR).
+back-to-back eager calls (the GPU never stalls the host there), the least of 5 runs, the garbage
+collector off as in `timeit`. The roofline is the larger of the fp8 rows read once over the measured
+copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels compile first in parallel processes (cached in TILELANG_CACHE_DIR).
 Prints a table last; writes the JSON schema of issue 7.
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib.util
 import json
 import os
@@ -77,18 +78,27 @@ def graph_us(fn, calls=20):
     return ms * 1000 / calls
 
 
-def host_us(fn, calls=200):
-    """Host wall time per eager call; each call enqueues far less GPU work than the queue holds."""
+def host_us(fn, calls=200, repeats=5):
+    """Host wall time per eager call: the least of `repeats` runs of `calls` back-to-back calls, with
+    the garbage collector off as `timeit` does (the device machine's host is shared: single runs of
+    the same code read 25-75 us). Each call enqueues far less GPU work than the launch queue holds,
+    so the host never waits for the GPU."""
     import torch
 
     fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e6 / calls
+    best = float("inf")
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best = min(best, time.perf_counter() - t0)
+            torch.cuda.synchronize()
+    finally:
+        gc.enable()
+    return best * 1e6 / calls
 
 
 def ceilings():
@@ -139,8 +149,17 @@ def _warm_dsaops(job):
     return cli._build(job)
 
 
-def precompile(sglang_root, workers):
-    """Compile dsaops' sm_90 kernels and SGLang's per-case kernels in parallel processes."""
+def parse_tile(spec):
+    """A `--tiles` entry, heads:rows:stages:threads[:ws], as a Tile."""
+    from dsaops.kernels.tiles import Tile
+
+    hb, rows, stages, threads, *ws = spec.split(":")
+    return Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=ws == ["ws"])
+
+
+def precompile(sglang_root, workers, extra_tiles=()):
+    """Compile dsaops' sm_90 kernels (the dispatch's and `extra_tiles`) and SGLang's per-case kernels
+    in parallel processes."""
     import multiprocessing
 
     from dsaops.kernels import tiles
@@ -148,8 +167,9 @@ def precompile(sglang_root, workers):
     from dsaops import targets
 
     target = targets.get("sm_90")
-    ours = sorted({(tiles.choose(target, h), 0) for h in HEADS}, key=str) + [(None, None)]
-    jobs = [(_warm_dsaops, ("sm_90", t, dt, None)) for t, dt in ours]
+    ours = sorted({(t, 0) for t in [tiles.choose(target, h) for h in HEADS] + list(extra_tiles)}, key=str)
+    ours.append((None, None))
+    jobs = [(_warm_dsaops, ("sm_90", t, dt, None, False)) for t, dt in ours]
     if sglang_root:
         jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in HEADS]  # bf16 kernel: no split, S-free
         jobs += [(_warm_sglang, (sglang_root, H, S, True)) for H in HEADS for S in BATCHES]
@@ -205,12 +225,13 @@ def main(argv=None) -> int:
     import torch
     from dsaops.kernels import reference, sparse_mla_decode_fp8
     from dsaops.kernels.decode import decode_with_tile
-    from dsaops.kernels.tiles import Tile, heads_per_block
+    from dsaops.kernels.tiles import heads_per_block
 
     if args.sglang_root and not os.path.exists(os.path.join(args.sglang_root, *SGLANG_KERNEL)):
         print(f"no {os.path.join(*SGLANG_KERNEL)} under {args.sglang_root}", file=sys.stderr)
         return 2
-    precompile(args.sglang_root, args.workers)
+    extra_tiles = [parse_tile(spec) for spec in args.tiles]
+    precompile(args.sglang_root, args.workers, extra_tiles)
     sgl = load_sglang(args.sglang_root) if args.sglang_root else None
     gpu = torch.cuda.get_device_name()
     copy_tb_s, fp8_tflops = ceilings()
@@ -246,10 +267,8 @@ def main(argv=None) -> int:
             }
             cases.append(row)
             print(json.dumps(row), flush=True)
-            for spec in args.tiles:
-                hb, rows, stages, threads, *ws = spec.split(":")
-                if int(hb) >= heads_per_block(H):  # a block of more heads than H pads the rest
-                    t = Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=ws == ["ws"])
+            for t in extra_tiles:
+                if t.heads_per_block >= heads_per_block(H):  # a block of more heads than H pads the rest
                     try:
                         us = round(graph_us(functools.partial(
                             decode_with_tile, q, kv_fp8, idx, scale, D_V, False, tile=t)), 2)

@@ -2,8 +2,8 @@
 
 The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
 `@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into an
-in-process cache, the device's target/SM count is read once, and a call does a few shape checks, two to
-four `torch.empty`, and one or two launches.
+in-process cache, the tile, split and kernels are chosen once per call shape (`_plan`), and a call
+does a few shape checks, two to four `torch.empty`, and one or two launches.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
     elif tile.warp_specialized:
         from dsaops.kernels import decode_ws
 
-        program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, fp8_dtype=target.fp8_dtype)
+        program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, stages=tile.stages,
+                                             fp8_dtype=target.fp8_dtype)
         # row ids are the caller's contract (< slots), as in SGLang's kernels; the bounds guards
         # TileLang would add cost a compare per 16-byte copy
         configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
@@ -130,28 +131,39 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False):
     return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None)
 
 
+@functools.cache
+def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile):
+    """(decode kernel, combine kernel or None, split count, padded top-k) for one call shape, once
+    per shape: a call then costs one look-up keyed by ints instead of the tile and split choice and
+    two hashed kernel look-ups (~4 us of host time)."""
+    target, sm_count = _device_facts(device_index)
+    tile = tile or _tile_for(target, H)
+    n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
+    rows = tile.rows_per_step * n_split
+    return (_kernel(target, tile, width - d_v), _kernel(target, None, None) if n_split > 1 else None,
+            n_split, -(-topk // rows) * rows)
+
+
 def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None):
     """sparse_mla_decode_fp8 without the input checks, with an optional forced tile (benchmarks)."""
     import torch
 
     S, H, width = q.shape
-    target, sm_count = _device_facts(q.device.index if q.device.index is not None else torch.cuda.current_device())
-    tile = tile or _tile_for(target, H)
+    topk = indices.shape[2]
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    decode, combine, n_split, padded = _plan(device_index, S, H, topk, width, d_v, tile)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
-    topk = indices.shape[2]
-    n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
-    rows = tile.rows_per_step * n_split
-    if topk % rows:
-        indices = torch.nn.functional.pad(indices, (0, rows - topk % rows), value=-1)
+    if padded != topk:
+        indices = torch.nn.functional.pad(indices, (0, padded - topk), value=-1)
 
     part_o = torch.empty((S, n_split, H, d_v), dtype=torch.bfloat16, device=q.device)
     part_lse = torch.empty((S, n_split, H), dtype=torch.float32, device=q.device)
-    _kernel(target, tile, width - d_v)(q, kv, indices, float(sm_scale), indices.shape[2] // n_split, part_o, part_lse)
-    if n_split == 1:
+    decode(q, kv, indices, float(sm_scale), padded // n_split, part_o, part_lse)
+    if combine is None:
         out, lse = part_o.view(S, H, d_v), part_lse.view(S, H)
     else:
         out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((S, H), dtype=torch.float32, device=q.device)
-        _kernel(target, None, None)(part_o, part_lse, out, lse)
+        combine(part_o, part_lse, out, lse)
     return (out, lse) if return_lse else out
