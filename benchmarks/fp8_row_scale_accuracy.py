@@ -1,12 +1,14 @@
-"""Accuracy of raw vs per-row-scaled fp8 KV for sparse-MLA decode (the issue's stretch question), on CPU.
+"""Accuracy of raw vs per-row-scaled fp8 KV for sparse-MLA decode (the issue's stretch question).
 
-    PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py [--seeds N]
+    PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py [--seeds N] [--kernels]
 
-Truth is the fp32 decode over bf16 KV; each fp8 variant decodes the same bf16 q over its KV
-(dsaops.kernels.reference, so only the KV format differs). KV rows are N(0, sigma) with a few
-outlier channels scaled up, as MLA latents have. Raw fp8 is the cast clamped to +-448 (no NaN);
-row-scaled is reference.quantize_rows_scaled. Prints a markdown table (relative error, norm-wise,
-the mean over --seeds draws of KV, q and indices).
+Truth is the fp32 decode over bf16 KV; each fp8 variant decodes the same bf16 q over its KV. KV
+rows are N(0, sigma) with a few outlier channels scaled up, as MLA latents have. By default (CPU)
+both variants are dsaops.kernels.reference, so only the KV format differs: raw fp8 is the cast
+clamped to +-448 (no NaN), row-scaled is reference.quantize_rows_scaled. With --kernels (a GPU)
+they are the real kernels: write_kv_fp8 into a raw and a row-scaled pool, sparse_mla_decode_fp8
+over each (which also rounds q to fp8, so both errors include that). Prints a markdown table
+(relative error, norm-wise, the mean over --seeds draws of KV, q and indices).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ OUTLIER_CHANNELS = 8
 CASES = [(1.0, 1.0), (1.0, 30.0), (0.05, 1.0), (0.05, 30.0), (0.01, 1.0), (0.01, 30.0)]  # (sigma, outlier x)
 
 
-def errors(sigma: float, outlier: float, seed: int = 0) -> tuple[float, float]:
+def errors(sigma: float, outlier: float, seed: int = 0, kernels: bool = False) -> tuple[float, float]:
     """(raw fp8 error, row-scaled fp8 error) of the decode output against bf16 KV."""
     import torch
     from dsaops.kernels import reference
@@ -32,10 +34,21 @@ def errors(sigma: float, outlier: float, seed: int = 0) -> tuple[float, float]:
     scale = D**-0.5
     truth = reference.sparse_mla_decode(q, kv[:, None].float(), idx, scale)
     fp8 = torch.float8_e4m3fn
-    raw = kv.float().clamp(-torch.finfo(fp8).max, torch.finfo(fp8).max).to(fp8)[:, None]
-    rows, scales = reference.quantize_rows_scaled(kv, fp8)
-    out_raw = reference.sparse_mla_decode(q, raw, idx, scale)
-    out_scaled = reference.sparse_mla_decode_row_scaled(q, rows[:, None], scales, idx, scale)
+    if kernels:
+        from dsaops.kernels import sparse_mla_decode_fp8, write_kv_fp8
+
+        kv, q, idx = kv.cuda(), q.cuda(), idx.cuda()
+        loc = torch.arange(SLOTS, device="cuda")
+        raw = write_kv_fp8(torch.empty((SLOTS, 1, D), dtype=fp8, device="cuda"), loc, kv)
+        scales = torch.empty(SLOTS, device="cuda")
+        rows = write_kv_fp8(torch.empty((SLOTS, 1, D), dtype=fp8, device="cuda"), loc, kv, kv_scale=scales)
+        out_raw = sparse_mla_decode_fp8(q, raw, idx, scale).float().cpu()
+        out_scaled = sparse_mla_decode_fp8(q, rows, idx, scale, kv_scale=scales).float().cpu()
+    else:
+        raw = kv.float().clamp(-torch.finfo(fp8).max, torch.finfo(fp8).max).to(fp8)[:, None]
+        rows, scales = reference.quantize_rows_scaled(kv, fp8)
+        out_raw = reference.sparse_mla_decode(q, raw, idx, scale)
+        out_scaled = reference.sparse_mla_decode_row_scaled(q, rows[:, None], scales, idx, scale)
 
     def rel(x):
         return ((x - truth).norm() / truth.norm()).item()
@@ -46,11 +59,12 @@ def errors(sigma: float, outlier: float, seed: int = 0) -> tuple[float, float]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--kernels", action="store_true", help="the GPU kernels instead of the references")
     args = p.parse_args(argv)
     print("| KV sigma | outlier channels x | raw fp8 error | row-scaled fp8 error |")
     print("| --- | --- | --- | --- |")
     for sigma, outlier in CASES:
-        runs = [errors(sigma, outlier, seed) for seed in range(args.seeds)]
+        runs = [errors(sigma, outlier, seed, args.kernels) for seed in range(args.seeds)]
         raw, scaled = (sum(r[i] for r in runs) / len(runs) for i in (0, 1))
         print(f"| {sigma} | {outlier:g} | {100 * raw:.2f}% | {100 * scaled:.2f}% |", flush=True)
     return 0

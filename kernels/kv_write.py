@@ -13,6 +13,7 @@ import struct
 import torch
 import triton
 import triton.language as tl
+from dsaops.kernels import reference
 
 from dsaops import targets
 
@@ -86,12 +87,45 @@ def special_bytes(dtype: torch.dtype) -> tuple[int, int, int, bool]:
 
 
 @triton.jit
-def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: tl.constexpr,
-               OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr, SIGNED: tl.constexpr):
+def _row_amax_bits(src_ptr, src_stride, rows, keep, width, WIDTH_P2: tl.constexpr):
+    """Each row's largest magnitude as float32 bits (an integer max: NaN and inf order above every
+    finite value, as the layout wants)."""
+    cols = tl.arange(0, WIDTH_P2)
+    x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & (cols[None, :] < width),
+                other=0.0)
+    return tl.max(x.to(tl.float32).to(tl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """x rounded to the nearest e4m3 value (ties to even), still in float32, with exact integer and
+    power-of-two steps. Scaled rows are arbitrary float32 values, and the fp8 conversion Triton emits
+    may round through float16 first: twice-rounded bytes differed from torch's cast on the H200 (in 41
+    of 20,480 values of the test data). A value on the e4m3 grid converts exactly by any route. Raw
+    rows need none of this: bfloat16 values survive a float16 step unrounded."""
+    bits = x.to(tl.uint32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    # normal e4m3 (>= 2^-6): keep 3 of float32's 23 mantissa bits, ties to even (a carry may bump the exponent)
+    normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) << 20
+    # subnormal e4m3: multiples of 2^-9, rounded by adding and taking away 2^23 at 2^9 times the value
+    small = ((tl.abs(x) * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    rounded = tl.where(magnitude >= 0x3C800000, normal.to(tl.float32, bitcast=True), small)
+    rounded = tl.where(magnitude >= 0x7F800000, tl.abs(x), rounded)  # inf and NaN as they are
+    # the sign bit put back by bits: Triton negates as 0 - x, which loses -0.0; and no literal
+    # past int32 (Triton would widen the operation)
+    return (rounded.to(tl.uint32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, inv_scale, WIDTH_P2: tl.constexpr,
+               OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr, SIGNED: tl.constexpr,
+               ROW_SCALED: tl.constexpr):
     cols = tl.arange(0, WIDTH_P2)
     in_row = cols[None, :] < width
     x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & in_row, other=0.0)
     x = x.to(tl.float32)
+    if ROW_SCALED:
+        x = _round_to_e4m3(x * inv_scale[:, None])
     y = x.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
@@ -105,10 +139,11 @@ def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, WIDTH_P2: 
 
 @triton.jit
 def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_index,
-                         nope_ptr, nope_stride, d_nope, rope_ptr, rope_stride, d_rope,
+                         nope_ptr, nope_stride, d_nope, rope_ptr, rope_stride, d_rope, scale_ptr,
                          HAS_SKIP: tl.constexpr, HAS_ROPE: tl.constexpr, NOPE_P2: tl.constexpr, ROPE_P2: tl.constexpr,
                          OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr,
-                         SIGNED: tl.constexpr, BLOCK_M: tl.constexpr):
+                         SIGNED: tl.constexpr, BLOCK_M: tl.constexpr,
+                         ROW_SCALED: tl.constexpr, FMAX: tl.constexpr, TINY_AMAX: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     keep = rows < n_rows
     loc = tl.load(loc_ptr + rows, mask=keep, other=0).to(tl.int64)
@@ -117,14 +152,25 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
     if HAS_SKIP:
         keep = keep & (loc != skip_index)
     slot = loc * pool_stride
-    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, NOPE_P2,
-               OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
+    inv_scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if ROW_SCALED:  # reference.row_scales, with the same IEEE divisions
+        amax_bits = _row_amax_bits(nope_ptr, nope_stride, rows, keep, d_nope, NOPE_P2)
+        if HAS_ROPE:
+            amax_bits = tl.maximum(amax_bits, _row_amax_bits(rope_ptr, rope_stride, rows, keep, d_rope, ROPE_P2))
+        amax = amax_bits.to(tl.float32, bitcast=True)
+        ok = (amax_bits < 0x7F800000) & (amax > TINY_AMAX)
+        safe = tl.where(ok, amax, 1.0)
+        inv_scale = tl.where(ok, tl.math.div_rn(tl.full([BLOCK_M], FMAX, tl.float32), safe), 1.0)
+        tl.store(scale_ptr + loc, tl.where(ok, tl.math.div_rn(safe, tl.full([BLOCK_M], FMAX, tl.float32)), 1.0),
+                 mask=keep)
+    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, inv_scale, NOPE_P2,
+               OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED, ROW_SCALED)
     if HAS_ROPE:
-        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, ROPE_P2,
-                   OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
+        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, inv_scale, ROPE_P2,
+                   OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED, ROW_SCALED)
 
 
-def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
+def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None):
     """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype) for every i with loc[i] != skip_index; returns pool.
 
     pool [slots, 1, d] fp8 (float8_e4m3fn; float8_e4m3fnuz on gfx942), written in place.
@@ -133,9 +179,14 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     `dsaops.kernels.reference.write_kv_fp8` checks them.
     k_nope [N, d_nope] or [N, 1, d_nope] in bf16/fp16/fp32; k_rope likewise, or None for NoPE; d_nope + d_rope == d.
     Rows not named by loc, and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
+    kv_scale [slots] float32: write the row-scaled layout instead (issue 7's stretch): each row
+    multiplied by fp8 max / amax(row) before the cast, amax / fp8 max into kv_scale[loc[i]]
+    (`reference.row_scales`).
     """
     check_pool(pool)
     check_ids("loc", loc, pool)
+    if kv_scale is not None:
+        reference.check_kv_scale(kv_scale, pool)
     nope = _rows("k_nope", k_nope, loc, pool)
     rope = None if k_rope is None else _rows("k_rope", k_rope, loc, pool)
     d_rope = 0 if rope is None else rope.shape[1]
@@ -149,9 +200,10 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None):
     _write_kv_fp8_kernel[(triton.cdiv(n, BLOCK_M),)](
         pool, pool.stride(0), pool.shape[0], loc, n, 0 if skip_index is None else int(skip_index),
         nope, nope.stride(0), nope.shape[1], nope if rope is None else rope, 0 if rope is None else rope.stride(0),
-        d_rope,
+        d_rope, pool if kv_scale is None else kv_scale,
         HAS_SKIP=skip_index is not None, HAS_ROPE=rope is not None,
         NOPE_P2=triton.next_power_of_2(nope.shape[1]), ROPE_P2=triton.next_power_of_2(max(d_rope, 1)),
         OVER_BITS=over_bits, OVER_BYTE=over_byte, NAN_BYTE=nan_byte, SIGNED=signed, BLOCK_M=BLOCK_M,
+        ROW_SCALED=kv_scale is not None, FMAX=torch.finfo(pool.dtype).max, TINY_AMAX=reference.TINY_AMAX,
     )
     return pool

@@ -4,8 +4,9 @@ The interpreter's own float8 rounding is wrong (triton 3.7-3.9: ties away from z
 halves the value, no saturation), so an exactness test would fail for its reason rather than the
 kernel's. `interpreted(module, monkeypatch)` routes its fp8 conversions through torch's cast (the
 definition the kernels are held to) and swaps the module's @triton.jit functions for interpreted
-ones, whatever TRITON_INTERPRET was when the module was first imported (another test may have
-imported it earlier). Everything is restored when the test ends.
+ones (and triton.language's own jit functions, the reductions), whatever TRITON_INTERPRET was when
+the module was first imported (another test may have imported it earlier). Everything is restored
+when the test ends.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def _exact_convert(original):
 def interpreted(module, monkeypatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(interpreter, "_convert_float", _exact_convert(interpreter._convert_float))
-    for name, value in list(vars(module).items()):
-        if isinstance(value, JITFunction):
-            monkeypatch.setattr(module, name, interpreter.InterpretedFunction(value.fn))
+    # tl.max and the other reductions are @triton.jit functions of triton.language.standard: they too
+    # must be interpreted ones when triton was imported without TRITON_INTERPRET
+    for namespace in (module, tl, tl.standard):
+        for name, value in list(vars(namespace).items()):
+            if isinstance(value, JITFunction):
+                monkeypatch.setattr(namespace, name, interpreter.InterpretedFunction(value.fn))

@@ -79,6 +79,40 @@ def test_write_matches_reference_and_leaves_other_rows(dev, with_rope, loc_dtype
     assert not torch.equal(as_bytes(got)[~untouched], as_bytes(before)[~untouched])  # control: something was written
 
 
+@pytest.mark.parametrize("with_rope", [False, True], ids=["nope", "nope+rope"])
+def test_row_scaled_write_matches_reference_bytes_and_scales(dev, with_rope):
+    """The stretch layout: rows from 1e-6 to 1e4 (raw e4m3 flushes the small ones and saturates the
+    large), a zero row, rows holding inf and NaN; scales and bytes equal the reference's."""
+    g = torch.Generator().manual_seed(7)
+    slots, n, d_rope = 96, 40, 64 if with_rope else 0
+    x = torch.randn(n, 512 + d_rope, generator=g) * torch.logspace(-6, 4, n)[:, None]
+    x[3] = 0
+    x[4, 7], x[5, 9] = float("inf"), float("nan")
+    x = x.bfloat16().to(dev)
+    k_nope, k_rope = x[:, :512], (x[:, 512:] if with_rope else None)
+    loc = torch.randperm(slots, generator=g)[:n]
+    loc[6] = 0  # skipped: neither its row nor its scale is written
+    loc = loc.to(dev)
+    before, scale_before = random_pool(slots, 512 + d_rope, dev), torch.rand(slots, generator=g).to(dev)
+    got, got_scale = before.clone(), scale_before.clone()
+    kv_write.write_kv_fp8(got, loc, k_nope, k_rope, skip_index=0, kv_scale=got_scale)
+    want, want_scale = before.clone(), scale_before.clone()
+    reference.write_kv_fp8(want, loc, k_nope, k_rope, skip_index=0, kv_scale=want_scale)
+    assert torch.equal(as_bytes(got), as_bytes(want))
+    assert torch.equal(got_scale.cpu(), want_scale.cpu())
+    assert got_scale[0] == scale_before[0] and torch.equal(as_bytes(got)[0], as_bytes(before)[0])
+    small = loc[0].item()  # the 1e-6 row: raw e4m3 would flush it to zeros, the scaled layout keeps it
+    assert (got[small].float() != 0).sum() > 400 and got_scale[small] < 2**-20
+
+
+def test_row_scaled_write_wants_one_float32_scale_a_row(dev):
+    pool = torch.zeros(8, 1, 512, dtype=FN, device=dev)
+    x = torch.ones(2, 512, dtype=torch.bfloat16, device=dev)
+    for bad in (torch.ones(7, device=dev), torch.ones(8, dtype=torch.float16, device=dev)):
+        with pytest.raises(ValueError, match=r"kv_scale must be float32 \[8\]"):
+            kv_write.write_kv_fp8(pool, torch.arange(2, device=dev), x, kv_scale=bad)
+
+
 def test_write_without_skip_index_writes_slot_zero(dev):
     pool = torch.zeros(8, 1, 512, dtype=FN, device=dev)
     x = torch.full((1, 512), 2.0, dtype=torch.bfloat16, device=dev)
