@@ -29,6 +29,7 @@ class Built:
     budget: int
     uses_wgmma: bool    # Hopper tensor-core instructions in the device code
     ptxas: object = None  # ptxas.PtxasReport when asked for
+    row_scaled: bool = False  # the kernel for the row-scaled KV layout
 
     @property
     def fits(self) -> bool:
@@ -36,7 +37,8 @@ class Built:
 
     @property
     def kernel(self) -> str:
-        return "combine" if self.tile is None else f"decode {self.tile.name} d_tail={self.d_tail}"
+        return "combine" if self.tile is None else (f"decode {self.tile.name} d_tail={self.d_tail}"
+                                                    + (" row-scaled" if self.row_scaled else ""))
 
 
 def shared_memory_bytes(host_source: str, device_source: str, name: str) -> int:
@@ -56,7 +58,7 @@ def shared_memory_bytes(host_source: str, device_source: str, name: str) -> int:
 
 
 def _build(job) -> tuple:
-    target_name, tile, d_tail, cache_dir, with_ptxas = job
+    target_name, tile, d_tail, cache_dir, with_ptxas, row_scaled = job
     if cache_dir:
         os.environ["TILELANG_CACHE_DIR"] = cache_dir
     from dsaops.kernels.decode import compile_kernel
@@ -65,7 +67,7 @@ def _build(job) -> tuple:
 
     target = targets.get(target_name)
     try:
-        kernel = compile_kernel(target, tile, d_tail)
+        kernel = compile_kernel(target, tile, d_tail, row_scaled=row_scaled)
     except Exception as e:  # noqa: BLE001 - TVM errors do not pickle back to the parent process
         raise RuntimeError(f"{target_name} {tile} d_tail={d_tail}: {type(e).__name__}: {e}") from None
     name = "combine" if tile is None else "decode"
@@ -79,10 +81,11 @@ def _build(job) -> tuple:
 
 
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
-          workers: int | None = None, ptxas: bool = False) -> list[Built]:
+          workers: int | None = None, ptxas: bool = False, row_scaled: bool = False) -> list[Built]:
     """Compile (tile, d_tail) kernels for a target in parallel processes; default: every one the
     dispatch can choose, plus the combine kernel. Returns one Built per kernel; with `ptxas`, each
-    carries ptxas's report (one more nvcc run a kernel)."""
+    carries ptxas's report (one more nvcc run a kernel); with `row_scaled`, the decode kernels are
+    the row-scaled layout's."""
     from dsaops.kernels import tiles
 
     from dsaops import targets
@@ -93,7 +96,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
     if jobs is None:
         jobs = sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str) + [(None, None)]
-    work = [(target_name, tile, dt, cache_dir, ptxas) for tile, dt in jobs]
+    work = [(target_name, tile, dt, cache_dir, ptxas, row_scaled) for tile, dt in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1)
     if workers == 1:
         done = [_build(w) for w in work]
@@ -102,7 +105,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             done = list(pool.map(_build, work))
-    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report)
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report, row_scaled and tile is not None)
             for tile, dt, smem, wgmma, report in done]
 
 

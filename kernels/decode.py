@@ -21,9 +21,9 @@ _MIN_TILES_PER_SPLIT = 2
 _tile_for = functools.cache(tiles.choose)  # (target, heads) -> Tile, once per process
 
 
-def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
-    """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile, or the combine
-    kernel when tile is None. Returns a tilelang JITKernel."""
+def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
+    """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile (for the row-scaled
+    layout with row_scaled), or the combine kernel when tile is None. Returns a tilelang JITKernel."""
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     import tilelang
     from dsaops.kernels import decode_tl
@@ -32,6 +32,8 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
     if tile is None:
         program = decode_tl.combine_program(d_v)
     elif tile.warp_specialized:
+        if row_scaled:
+            raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")
         from dsaops.kernels import decode_ws
 
         program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, stages=tile.stages,
@@ -41,7 +43,7 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V):
         configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
     else:
         program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
-                                           row_stats_in_shared=not target.has("wgmma"))
+                                           row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled)
     return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
 
 
@@ -119,39 +121,45 @@ def _check(q, kv, indices, d_v):
         raise ValueError("q, kv and indices must be contiguous")
 
 
-def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False):
+def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, kv_scale=None):
     """Sparse-MLA decode over a raw fp8 KV pool.
 
     q [S, H, d_v + d_tail] bf16 (fp8 accepted), kv [slots, 1, d_v + d_tail] raw fp8 (one row a
     token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
     [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
     is zeros) when return_lse. q is rounded to fp8 inside the kernel for the QK^T product.
+    kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale; issue 7's
+    stretch): row i stands for kv[i] * kv_scale[i].
     """
     _check(q, kv, indices, d_v)
-    return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None)
+    if kv_scale is not None:
+        from dsaops.kernels import reference
+
+        reference.check_kv_scale(kv_scale, kv)
+    return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=kv_scale)
 
 
 @functools.cache
-def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile):
+def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
     """(decode kernel, combine kernel or None, split count, padded top-k) for one call shape, once
     per shape: a call then costs one look-up keyed by ints instead of the tile and split choice and
     two hashed kernel look-ups (~4 us of host time)."""
     target, sm_count = _device_facts(device_index)
-    tile = tile or _tile_for(target, H)
+    tile = tile or (tiles.choose(target, H, warp_specialized=False) if row_scaled else _tile_for(target, H))
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
-    return (_kernel(target, tile, width - d_v), _kernel(target, None, None) if n_split > 1 else None,
-            n_split, -(-topk // rows) * rows)
+    return (_kernel(target, tile, width - d_v, row_scaled=row_scaled),
+            _kernel(target, None, None) if n_split > 1 else None, n_split, -(-topk // rows) * rows)
 
 
-def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None):
+def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None):
     """sparse_mla_decode_fp8 without the input checks, with an optional forced tile (benchmarks)."""
     import torch
 
     S, H, width = q.shape
     topk = indices.shape[2]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    decode, combine, n_split, padded = _plan(device_index, S, H, topk, width, d_v, tile)
+    decode, combine, n_split, padded = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     if padded != topk:
@@ -159,7 +167,9 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None):
 
     part_o = torch.empty((S, n_split, H, d_v), dtype=torch.bfloat16, device=q.device)
     part_lse = torch.empty((S, n_split, H), dtype=torch.float32, device=q.device)
-    decode(q, kv, indices, float(sm_scale), padded // n_split, part_o, part_lse)
+    # the raw-layout kernel never reads kv_scale: any float32 vector fills the argument
+    scale = part_lse.view(-1) if kv_scale is None else kv_scale
+    decode(q, kv, scale, indices, float(sm_scale), padded // n_split, part_o, part_lse)
     if combine is None:
         out, lse = part_o.view(S, H, d_v), part_lse.view(S, H)
     else:

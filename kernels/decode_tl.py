@@ -25,17 +25,19 @@ RESCALE_LOG2 = 8.0  # lazy rescale threshold (online_softmax)
 def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block):
     """The prim_func both decode kernels share: the signature the host calls and the grid, one axis
     each for query, head block and split (so no address needs a run-time division). `block`, a
-    T.macro, is one block's work: block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp).
-    S, H, top-k, pool slots and the split count are symbolic; the rows each split owns come as the
-    scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split count it
-    cost a 32-bit division per use."""
-    S, H, topk, slots, n_split = (T.dynamic(name) for name in ("S", "H", "topk", "slots", "n_split"))
+    T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H,
+    s_i, hb, sp). S, H, top-k, pool slots and the split count are symbolic; the rows each split owns
+    come as the scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split
+    count it cost a 32-bit division per use. kv_scale is the row-scaled layout's [slots] scales; a
+    raw-layout kernel never reads it (the host passes any float32 vector: one signature for both)."""
+    S, H, topk, slots, n_split, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "n_split", "scales"))
     width = d_v + d_tail
 
     @T.prim_func
     def decode(
         q: T.Tensor([S, H, width], T.bfloat16),
         kv: T.Tensor([slots, 1, width], fp8_dtype),
+        kv_scale: T.Tensor([scales], T.float32),
         indices: T.Tensor([S, 1, topk], T.int32),
         sm_scale: T.float32,
         split_rows: T.int32,
@@ -43,7 +45,7 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
         lse: T.Tensor([S, n_split, H], T.float32),
     ):
         with T.Kernel(S, T.ceildiv(H, heads_per_block), n_split, threads=threads) as (s_i, hb, sp):
-            block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
+            block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
 
     return decode
 
@@ -80,7 +82,8 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, step, scale2)
         sum_part[h, r] += acc_s[h, r]
 
 
-def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False):
+def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
+                   row_scaled: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
     (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
@@ -89,20 +92,26 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     row_stats_in_shared: pass the per-head rescale and reciprocal sum to the PV accumulator's
     layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output
     fragments different row owners, which TileLang rejects as a layout conflict (sm_121's 64-head
-    tile)."""
+    tile).
+    row_scaled: the stretch layout (kv rows times kv_scale[row]; reference.row_scales). A tile's
+    scales multiply its scores, and P before the PV product; P and V are then bf16 (V's fp8 values
+    exactly, P scaled by any power: fp16's range would lose tiny scales), 2^-9 instead of 2^-11."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail
     acc = T.float32
+    pv = T.bfloat16 if row_scaled else T.float16
 
     @T.macro
-    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+    def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
         q_s = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
         if Dt:
             qt_s = T.alloc_shared([HB, Dt], fp8_dtype)
             kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
-        v_s = T.alloc_shared([BI, D], T.float16)
-        p_s = T.alloc_shared([HB, BI], T.float16)
+        if row_scaled:
+            sc_s = T.alloc_shared([BI], acc)
+        v_s = T.alloc_shared([BI, D], pv)
+        p_s = T.alloc_shared([HB, BI], pv)
         # The split's row ids, loaded once: each tile's gather addresses and masks then come from
         # shared memory instead of a dependent global load (an HBM latency) per tile.
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
@@ -142,18 +151,26 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             if Dt:
                 for r, d in T.Parallel(BI, Dt):
                     kt_s[r, d] = kv[ids[base + r], 0, D + d]
+            if row_scaled:
+                for r in T.Parallel(BI):
+                    sc_s[r] = kv_scale[ids[base + r]]
 
             T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
             if Dt:
                 T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
             for r, d in T.Parallel(BI, D):
-                v_s[r, d] = k_s[r, d].astype(T.float16)
+                v_s[r, d] = k_s[r, d].astype(pv)
             for h, r in T.Parallel(HB, BI):
-                acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
+                score = acc_s[h, r] * sc_s[r] if row_scaled else acc_s[h, r]
+                acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, score, -T.infinity(acc))
 
             T.reduce_max(acc_s, m_tile, dim=1)
             online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, t + 1, scale2)
-            T.copy(acc_s, p_s)
+            if row_scaled:
+                for h, r in T.Parallel(HB, BI):
+                    p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
+            else:
+                T.copy(acc_s, p_s)
             T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
         T.reduce_sum(sum_part, row_sum, dim=1)

@@ -151,7 +151,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         T.cp_async_barrier_noinc(ready[b])
 
     @T.macro
-    def block(q, kv, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+    def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):  # raw layout only
         q_l = T.alloc_shared([HB, half], fp8_dtype)
         q_r = T.alloc_shared([HB, half], fp8_dtype)
         q_t = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None

@@ -28,6 +28,10 @@ def built():
         out[name] = {(b.tile, b.d_tail): b for b in cli.build(name, cache_dir=CACHE, ptxas=name == "sm_90")}
     (control,) = cli.build("sm_121", jobs=[(OVERSIZED_FOR_SM121, 0)], cache_dir=CACHE, workers=1)
     out["control"] = control
+    for name in ("sm_90", "sm_121"):  # the row-scaled layout's kernels (NoPE, the layout GLM-5.3-Flash has)
+        t = targets.get(name)
+        jobs = sorted({(tiles.choose(t, h, warp_specialized=False), 0) for h in tiles.HEAD_COUNTS}, key=str)
+        out[name + " row-scaled"] = cli.build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
     return out
 
 
@@ -39,6 +43,13 @@ def test_every_configuration_compiles_within_the_shared_memory_budget(built, tar
         assert b.budget == t.smem_per_block_bytes
         assert 0 < b.smem_bytes <= t.smem_per_block_bytes, (heads, d_tail, tile, b.smem_bytes)
     assert built[target][(None, None)].fits  # the split combine
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_121"])
+def test_row_scaled_kernels_compile_within_the_budget(built, target):
+    kernels = built[target + " row-scaled"]
+    assert kernels and all(b.row_scaled and b.fits for b in kernels), [b.kernel for b in kernels]
+    assert all(not b.ptxas.wgmma_serialized and b.ptxas.spill_bytes == 0 for b in kernels if b.ptxas)
 
 
 def test_tile_estimate_tracks_the_compiler(built):
