@@ -38,6 +38,17 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         T.fence_proxy_async()  # read next by wgmma (the async proxy)
 
     @T.macro
+    def exchange(w, heads, shared, own_stats, peer_stats, phase, take_max):
+        """Combine a per-head vector with the peer warpgroup's (max or sum): both end with the same
+        numbers (a max or a sum of the same two operands is the same either way round)."""
+        for h in T.Parallel(HB):
+            shared[w, h] = heads[h]
+        T.barrier_arrive(own_stats[0])
+        T.barrier_wait(peer_stats[0], phase)
+        for h in T.Parallel(HB):
+            heads[h] = T.max(heads[h], shared[1 - w, h]) if take_max else heads[h] + shared[1 - w, h]
+
+    @T.macro
     def consume(w, i, q_l, q_r, q_t, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s,
                 own_stats, peer_stats, own_p_ready, peer_p_ready, acc_s, acc_o, m, m_tile, alpha, sum_part,
                 grew, scale2):
@@ -56,14 +67,9 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
             acc_s[h, r] = T.if_then_else(valid[bo, r], acc_s[h, r], -T.infinity(acc))
         T.barrier_arrive(free[bo])
         T.reduce_max(acc_s, m_tile, dim=1)
-        for h in T.Parallel(HB):
-            max_s[w, h] = m_tile[h]
         # Arriving here also tells the peer this warpgroup's last PV product with the peer's P is
         # done (waited above), so the peer may overwrite its P buffer.
-        T.barrier_arrive(own_stats[0])
-        T.barrier_wait(peer_stats[0], i & 1)
-        for h in T.Parallel(HB):
-            m_tile[h] = T.max(m_tile[h], max_s[1 - w, h])
+        exchange(w, m_tile, max_s, own_stats, peer_stats, i & 1, True)
         online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, i + 1, scale2)
         T.copy(acc_s, own_p)
         T.fence_proxy_async()
@@ -110,12 +116,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
                     grew, scale2)
         # softmax sums: each warpgroup summed its own tiles; both add the same two numbers
         T.reduce_sum(sum_part, row_sum, dim=1)
-        for h in T.Parallel(HB):
-            sum_s[w, h] = row_sum[h]
-        T.barrier_arrive(own_stats[0])
-        T.barrier_wait(peer_stats[0], pairs & 1)
-        for h in T.Parallel(HB):
-            row_sum[h] += sum_s[1 - w, h]
+        exchange(w, row_sum, sum_s, own_stats, peer_stats, pairs & 1, False)
         # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
         for h in T.Parallel(HB):
             alpha[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
