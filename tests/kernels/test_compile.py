@@ -126,6 +126,24 @@ def test_cli_prints_every_configuration(built, capsys):
     assert "combine" in out and "NO" not in out
 
 
+def test_cli_ptxas_columns_and_a_serialized_kernel_fails(built, capsys, monkeypatch):
+    """`--ptxas` prints each kernel's registers, spills and wgmma verdict, and exits 1 when ptxas
+    serialized one (the sm_90 kernels built above, one of them marked serialized)."""
+    import dataclasses
+
+    sm90 = list(built["sm_90"].values())
+    monkeypatch.setattr(cli, "build", lambda *a, **k: sm90)
+    assert dsaops_main(["kernels", "compile", "--target", "sm_90", "--ptxas"]) == 0
+    out = capsys.readouterr().out
+    assert "registers" in out and "async" in out and "SERIALIZED" not in out
+    victim = next(b for b in sm90 if b.uses_wgmma)
+    bad = dataclasses.replace(victim, ptxas=dataclasses.replace(victim.ptxas, wgmma_serialized=True))
+    monkeypatch.setattr(cli, "build", lambda *a, **k: [bad if b is victim else b for b in sm90])
+    assert dsaops_main(["kernels", "compile", "--target", "sm_90", "--ptxas"]) == 1
+    captured = capsys.readouterr()
+    assert "SERIALIZED" in captured.out and victim.kernel in captured.err
+
+
 def test_gfx942_hip_source_or_the_reason_it_cannot_be_made(built):
     """HIP code generation without hipcc (tilelang.lower). TileLang 0.1.12's HIP backend aborts on
     the vectorised fp8 casts the kernel uses; when that changes this test fails: enable gfx942."""
