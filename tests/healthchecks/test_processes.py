@@ -45,8 +45,18 @@ def append(path, text):
         f.write(text)
 
 
-def ranks_up(watcher, n):
-    return wait_for(lambda: sum(watcher.snapshot()[0].values()) == n, 10)
+def ranks_up(watcher, lch):
+    """Every scheduler of this launcher is watched, and no other is up (a rank of the previous test
+    can still be alive for a moment after its SIGKILL: counting ranks alone was satisfied by those,
+    and a kill then hit a process the watcher had not seen yet)."""
+    def ours():
+        try:
+            watched = set(list(watcher.live))
+        except RuntimeError:  # the watcher thread changed the dict while it was read
+            return False
+        return set(lch.pids) <= watched and sum(watcher.snapshot()[0].values()) == len(lch.pids)
+
+    return wait_for(ours, 10)
 
 
 def deaths(watcher):
@@ -55,7 +65,7 @@ def deaths(watcher):
 
 def test_sigkill_with_the_watchdog_line_is_one_death(watched, launcher):
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     assert set(watched.snapshot()[1]) == {(f"TP{i}", c) for i in range(4) for c in CAUSES}  # all start at 0
     victim = lch.pids[1]
     os.kill(victim, signal.SIGKILL)
@@ -70,7 +80,7 @@ def test_sigkill_with_the_watchdog_line_is_one_death(watched, launcher):
 
 def test_sigkill_without_a_line_is_unknown_once(watched, launcher):
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     os.kill(lch.pids[2], signal.SIGKILL)
     assert wait_for(lambda: deaths(watched) == {("TP2", "unknown"): 1}, 5), deaths(watched)
     wait_for(lambda: False, 2)
@@ -79,7 +89,7 @@ def test_sigkill_without_a_line_is_unknown_once(watched, launcher):
 
 def test_kernel_oom_record_names_the_cause(watched, launcher):
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     victim = lch.pids[3]
     append(watched.paths["kmsg"], f"3,2201,9911223,-;Out of memory: Killed process {victim} (python3) "
                                   "total-vm:9000kB, anon-rss:8000kB\n")
@@ -92,7 +102,7 @@ def test_cgroup_oom_kill_count_names_the_cause(watched, launcher, tmp_path):
     from dsaops.healthchecks.oom import cgroup_of
 
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     group = cgroup_of(lch.pids[0])
     if group is None:
         pytest.skip("no cgroup v2 line in /proc/PID/cgroup here")
@@ -115,14 +125,14 @@ def test_docker_oom_killed_names_the_cause(watched, launcher):
 
     watched.containers = OomKilledContainer()
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     os.kill(lch.pids[2], signal.SIGKILL)
     assert wait_for(lambda: deaths(watched) == {("TP2", "oom_kill"): 1}, 5), deaths(watched)
 
 
 def test_clean_stop_counts_nothing(watched, launcher):
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     append(watched.paths["log"], L.line(L.sigterm()))
     lch.stop()
     assert wait_for(lambda: watched.snapshot()[0] == {}, 5), watched.snapshot()[0]
@@ -132,7 +142,7 @@ def test_clean_stop_counts_nothing(watched, launcher):
 def test_whole_server_killed_at_once_is_not_a_death(watched, launcher):
     """All ranks and the launcher gone together (e.g. `docker kill`): a stop, not a rank death."""
     lch = launcher(TITLES)
-    assert ranks_up(watched, 4)
+    assert ranks_up(watched, lch)
     os.kill(lch.proc.pid, signal.SIGKILL)
     lch.kill_all()
     assert wait_for(lambda: watched.snapshot()[0] == {}, 5)
@@ -141,7 +151,7 @@ def test_whole_server_killed_at_once_is_not_a_death(watched, launcher):
 
 def test_a_restarted_rank_is_up_again(watched, launcher):
     lch = launcher(TITLES[:2])
-    assert ranks_up(watched, 2)
+    assert ranks_up(watched, lch)
     os.kill(lch.pids[1], signal.SIGKILL)
     assert wait_for(lambda: watched.snapshot()[0].get("TP1") == 0, 5)
     launcher(["sglang::scheduler_TP1", "sglang::scheduler_TP5"])
