@@ -99,10 +99,10 @@ def _row_amax_bits(src_ptr, src_stride, rows, keep, width, WIDTH_P2: tl.constexp
 @triton.jit
 def _round_to_e4m3(x):
     """x rounded to the nearest e4m3 value (ties to even), still in float32, with exact integer and
-    power-of-two steps. Scaled rows are arbitrary float32 values, and the fp8 conversion Triton emits
-    may round through float16 first: twice-rounded bytes differed from torch's cast on the H200 (in 41
-    of 20,480 values of the test data). A value on the e4m3 grid converts exactly by any route. Raw
-    rows need none of this: bfloat16 values survive a float16 step unrounded."""
+    power-of-two steps. Scaled rows are arbitrary float32 values, and on the H200 the hardware
+    conversion's bytes for them differed from torch's cast (rounding through float16 first reproduces
+    such differences: 41 of 20,480 values of the test data). A value on the e4m3 grid converts exactly
+    by any route. Raw rows need none of this: bfloat16 values survive a float16 step unrounded."""
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     # normal e4m3 (>= 2^-6): keep 3 of float32's 23 mantissa bits, ties to even (a carry may bump the exponent)
