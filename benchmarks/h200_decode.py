@@ -8,7 +8,8 @@ NoPE MLA (d_v=512, d_tail=0), top-k 2048, a 1,048,576-row pool, random distinct 
 GPU time = median of CUDA-graph replays (20 calls a graph); eager host cost = wall time per call of
 back-to-back eager calls (the GPU never stalls the host there), the least of 5 runs, the garbage
 collector off as in `timeit`. The roofline is the larger of the fp8 rows read once over the measured
-copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels compile first in parallel processes (cached in TILELANG_CACHE_DIR).
+copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels compile first in parallel
+processes (cached in TILELANG_CACHE_DIR).
 Prints a table last; writes the JSON schema of issue 7.
 """
 from __future__ import annotations

@@ -18,9 +18,6 @@ FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
 # Splits whose blocks see fewer rows than this cost more in the combine than they win.
 _MIN_TILES_PER_SPLIT = 2
 
-_tile_for = functools.cache(tiles.choose)  # (target, heads) -> Tile, once per process
-
-
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
     """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile (for the row-scaled
     layout with row_scaled), or the combine kernel when tile is None. Returns a tilelang JITKernel."""
@@ -145,7 +142,8 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     per shape: a call then costs one look-up keyed by ints instead of the tile and split choice and
     two hashed kernel look-ups (~4 us of host time)."""
     target, sm_count = _device_facts(device_index)
-    tile = tile or (tiles.choose(target, H, warp_specialized=False) if row_scaled else _tile_for(target, H))
+    # the warp-specialised kernel reads the raw layout only; None: DSAOPS_DECODE_WS decides
+    tile = tile or tiles.choose(target, H, warp_specialized=False if row_scaled else None)
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
     return (_kernel(target, tile, width - d_v, row_scaled=row_scaled),

@@ -87,13 +87,19 @@ def special_bytes(dtype: torch.dtype) -> tuple[int, int, int, bool]:
 
 
 @triton.jit
-def _row_amax_bits(src_ptr, src_stride, rows, keep, width, WIDTH_P2: tl.constexpr):
-    """Each row's largest magnitude as float32 bits (an integer max: NaN and inf order above every
-    finite value, as the layout wants)."""
+def _load_rows(src_ptr, src_stride, rows, keep, width, WIDTH_P2: tl.constexpr):
+    """BLOCK_M rows of `width` columns as float32 (rows not kept and columns past width read as 0)."""
     cols = tl.arange(0, WIDTH_P2)
     x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & (cols[None, :] < width),
                 other=0.0)
-    return tl.max(x.to(tl.float32).to(tl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _amax_bits(x):
+    """Each row's largest magnitude as float32 bits (an integer max: NaN and inf order above every
+    finite value, as the layout wants)."""
+    return tl.max(x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF, axis=1)
 
 
 @triton.jit
@@ -117,15 +123,10 @@ def _round_to_e4m3(x):
 
 
 @triton.jit
-def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, inv_scale, WIDTH_P2: tl.constexpr,
-               OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr, SIGNED: tl.constexpr,
-               ROW_SCALED: tl.constexpr):
+def _store_fp8(x, dst_ptr, slot, keep, width, WIDTH_P2: tl.constexpr,
+               OVER_BITS: tl.constexpr, OVER_BYTE: tl.constexpr, NAN_BYTE: tl.constexpr, SIGNED: tl.constexpr):
+    """x (float32 rows) cast to the pool's fp8 as torch casts, stored at the rows' slots."""
     cols = tl.arange(0, WIDTH_P2)
-    in_row = cols[None, :] < width
-    x = tl.load(src_ptr + rows[:, None] * src_stride + cols[None, :], mask=keep[:, None] & in_row, other=0.0)
-    x = x.to(tl.float32)
-    if ROW_SCALED:
-        x = _round_to_e4m3(x * inv_scale[:, None])
     y = x.to(dst_ptr.dtype.element_ty).to(tl.uint8, bitcast=True)
     bits = x.to(tl.uint32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
@@ -134,7 +135,7 @@ def _cast_rows(src_ptr, src_stride, dst_ptr, rows, slot, keep, width, inv_scale,
         special = special | ((bits >> 24) & 0x80).to(tl.uint8)
     y = tl.where(magnitude >= OVER_BITS, special, y)
     tl.store(dst_ptr + slot[:, None] + cols[None, :], y.to(dst_ptr.dtype.element_ty, bitcast=True),
-             mask=keep[:, None] & in_row)
+             mask=keep[:, None] & (cols[None, :] < width))
 
 
 @triton.jit
@@ -152,23 +153,25 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
     if HAS_SKIP:
         keep = keep & (loc != skip_index)
     slot = loc * pool_stride
-    inv_scale = tl.full([BLOCK_M], 1.0, tl.float32)
-    if ROW_SCALED:  # reference.row_scales, with the same IEEE divisions
-        amax_bits = _row_amax_bits(nope_ptr, nope_stride, rows, keep, d_nope, NOPE_P2)
+    nope = _load_rows(nope_ptr, nope_stride, rows, keep, d_nope, NOPE_P2)
+    if HAS_ROPE:
+        rope = _load_rows(rope_ptr, rope_stride, rows, keep, d_rope, ROPE_P2)
+    if ROW_SCALED:  # reference.row_scales, with the same IEEE divisions, over the rows loaded once
+        amax_bits = _amax_bits(nope)
         if HAS_ROPE:
-            amax_bits = tl.maximum(amax_bits, _row_amax_bits(rope_ptr, rope_stride, rows, keep, d_rope, ROPE_P2))
+            amax_bits = tl.maximum(amax_bits, _amax_bits(rope))
         amax = amax_bits.to(tl.float32, bitcast=True)
         ok = (amax_bits < 0x7F800000) & (amax > TINY_AMAX)
         safe = tl.where(ok, amax, 1.0)
         inv_scale = tl.where(ok, tl.math.div_rn(tl.full([BLOCK_M], FMAX, tl.float32), safe), 1.0)
         tl.store(scale_ptr + loc, tl.where(ok, tl.math.div_rn(safe, tl.full([BLOCK_M], FMAX, tl.float32)), 1.0),
                  mask=keep)
-    _cast_rows(nope_ptr, nope_stride, pool_ptr, rows, slot, keep, d_nope, inv_scale, NOPE_P2,
-               OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED, ROW_SCALED)
+        nope = _round_to_e4m3(nope * inv_scale[:, None])
+        if HAS_ROPE:
+            rope = _round_to_e4m3(rope * inv_scale[:, None])
+    _store_fp8(nope, pool_ptr, slot, keep, d_nope, NOPE_P2, OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
     if HAS_ROPE:
-        _cast_rows(rope_ptr, rope_stride, pool_ptr + d_nope, rows, slot, keep, d_rope, inv_scale, ROPE_P2,
-                   OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED, ROW_SCALED)
-
+        _store_fp8(rope, pool_ptr + d_nope, slot, keep, d_rope, ROPE_P2, OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
 
 def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None):
     """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype) for every i with loc[i] != skip_index; returns pool.

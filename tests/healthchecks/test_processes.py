@@ -51,7 +51,7 @@ def ranks_up(watcher, lch):
     and a kill then hit a process the watcher had not seen yet)."""
     def ours():
         try:
-            watched = set(list(watcher.live))
+            watched = set(watcher.live)
         except RuntimeError:  # the watcher thread changed the dict while it was read
             return False
         return set(lch.pids) <= watched and sum(watcher.snapshot()[0].values()) == len(lch.pids)

@@ -248,11 +248,7 @@ def test_gather_bad_input(change, message):
 
 def test_interpreter_alone_gets_fp8_wrong(monkeypatch):
     """Why interp_fp8 exists; when Triton fixes its rounding this fails and the routing can go."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(kv_write, "_write_kv_fp8_kernel", InterpretedFunction(kv_write._write_kv_fp8_kernel.fn))
-    monkeypatch.setattr(kv_write, "_cast_rows", InterpretedFunction(kv_write._cast_rows.fn))
+    interpreted(kv_write, monkeypatch, exact_fp8=False)
     x = every_bf16()
     pool = torch.zeros(128, 1, 512, dtype=FN)
     kv_write.write_kv_fp8(pool, torch.arange(128), x)
