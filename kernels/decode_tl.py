@@ -51,6 +51,33 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
 
 
 @T.macro
+def load_q(q, dst, H, s_i, h0, col0):
+    """Columns [col0, col0 + width of dst) of heads h0.. of query s_i, as fp8 into dst. Padded heads
+    (past H) get zero rows: their scores are 0, harmless, never written out."""
+    heads, cols = dst.shape
+    for h, d in T.Parallel(heads, cols):
+        dst[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, col0 + d], 0).astype(dst.dtype)
+
+
+@T.macro
+def write_split(acc_o, row_sum, m, inv_sum, out, lse, H, s_i, sp, h0, col0, scale2, with_lse):
+    """A split's result: out columns [col0, col0 + width of acc_o) = acc_o / row_sum with one
+    reciprocal a head, and with_lse its natural-log lse. A split with every row masked (row_sum 0)
+    gives zeros and lse = -inf, never NaN."""
+    heads, cols = acc_o.shape
+    for h in T.Parallel(heads):
+        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+    for h, d in T.Parallel(heads, cols):
+        if h0 + h < H:
+            out[s_i, sp, h0 + h, col0 + d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
+    if with_lse:
+        for h in T.Parallel(heads):
+            if h0 + h < H:
+                lse[s_i, sp, h0 + h] = T.if_then_else(
+                    row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+
+
+@T.macro
 def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, step, scale2):
     """One tile of online softmax: scores -> probabilities (in acc_s), added into sum_part.
     m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
@@ -129,12 +156,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         h0 = hb * HB
         scale2 = sm_scale * LOG2E
 
-        # Padded heads (H < HB) get zero rows: their scores are 0, harmless, never written out.
-        for h, d in T.Parallel(HB, D):
-            q_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0).astype(fp8_dtype)
+        load_q(q, q_s, H, s_i, h0, 0)
         if Dt:
-            for h, d in T.Parallel(HB, Dt):
-                qt_s[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+            load_q(q, qt_s, H, s_i, h0, D)
         for r in T.Parallel(tile.index_rows):
             ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
         T.fill(acc_o, 0)
@@ -174,17 +198,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
         T.reduce_sum(sum_part, row_sum, dim=1)
-        # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN. One
-        # reciprocal a head, not a division an element.
-        for h in T.Parallel(HB):
-            inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
-        for h, d in T.Parallel(HB, D):
-            if h0 + h < H:
-                out[s_i, sp, h0 + h, d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
-        for h in T.Parallel(HB):
-            if h0 + h < H:
-                lse[s_i, sp, h0 + h] = T.if_then_else(
-                    row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+        write_split(acc_o, row_sum, m, inv_sum, out, lse, H, s_i, sp, h0, 0, scale2, True)
 
     return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block)
 

@@ -17,7 +17,7 @@ measured 1.5x slower, the gather latency was exposed every pair). Tiles come in 
 must own an even number of them.
 """
 import tilelang.language as T
-from dsaops.kernels.decode_tl import LN2, LOG2E, NEG_BIG, decode_kernel, online_softmax
+from dsaops.kernels.decode_tl import LOG2E, NEG_BIG, decode_kernel, load_q, online_softmax, write_split
 
 HEADS = 64
 THREADS = 384
@@ -96,14 +96,10 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         row_sum = T.alloc_fragment([HB], acc)
 
         T.set_max_nreg(224, 1)  # 224 + 224 + 56 = 504 = 3 x 168, what a 384-thread block owns
-        # Q in fp8, half by each consumer (16-byte loads; the producer's first gathers run meanwhile).
-        # Padded heads (H < 64) get zero rows: their scores are 0, harmless, never written out.
-        q_mine = q_l if w == 0 else q_r
-        for h, d in T.Parallel(HB, half):
-            q_mine[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, w * half + d], 0).astype(fp8_dtype)
+        # Q in fp8, half by each consumer (16-byte loads; the producer's first gathers run meanwhile)
+        load_q(q, q_l if w == 0 else q_r, H, s_i, h0, w * half)
         if Dt and w == 1:
-            for h, d in T.Parallel(HB, Dt):
-                q_t[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0).astype(fp8_dtype)
+            load_q(q, q_t, H, s_i, h0, D)
         T.fence_proxy_async()  # read by both consumers' wgmma
         T.barrier_arrive(q_ready[0])
         T.barrier_wait(q_ready[0], 0)
@@ -117,17 +113,8 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         # softmax sums: each warpgroup summed its own tiles; both add the same two numbers
         T.reduce_sum(sum_part, row_sum, dim=1)
         exchange(w, row_sum, sum_s, own_stats, peer_stats, pairs & 1, False)
-        # A split with every row masked (row_sum == 0) gives zeros and lse = -inf, never NaN.
-        for h in T.Parallel(HB):
-            alpha[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
-        for h, d in T.Parallel(HB, half):
-            if h0 + h < H:
-                out[s_i, sp, h0 + h, w * half + d] = (acc_o[h, d] * alpha[h]).astype(T.bfloat16)
-        if w == 0:
-            for h in T.Parallel(HB):
-                if h0 + h < H:
-                    lse[s_i, sp, h0 + h] = T.if_then_else(
-                        row_sum[h] == 0, -T.infinity(acc), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+        # each its half of the output; warpgroup 0 the lse (alpha, done with, holds the reciprocals)
+        write_split(acc_o, row_sum, m, alpha, out, lse, H, s_i, sp, h0, w * half, scale2, w == 0)
 
     @T.macro
     def produce(t, k_l, k_r, k_t, valid, ready, free, kv, indices, idx, s_i, base, row_in_pass, chunk):
