@@ -103,23 +103,26 @@ def _amax_bits(x):
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """x rounded to the nearest e4m3 value (ties to even), still in float32, with exact integer and
-    power-of-two steps. Scaled rows are arbitrary float32 values, and on the H200 the hardware
-    conversion's bytes for them differed from torch's cast (rounding through float16 first reproduces
-    such differences: 41 of 20,480 values of the test data). A value on the e4m3 grid converts exactly
-    by any route. Raw rows need none of this: bfloat16 values survive a float16 step unrounded."""
-    bits = x.to(tl.uint32, bitcast=True)
-    magnitude = bits & 0x7FFFFFFF
+def _scale_to_e4m3(x, inv_scale):
+    """x times its row's inverse scale (positive), rounded to the nearest e4m3 value (ties to even),
+    still in float32, with exact integer and power-of-two steps. Scaled rows are arbitrary float32
+    values, and on the H200 the hardware conversion's bytes for them differed from torch's cast
+    (rounding through float16 first reproduces such differences: 41 of 20,480 values of the test
+    data). A value on the e4m3 grid converts exactly by any route. Raw rows need none of this:
+    bfloat16 values survive a float16 step unrounded."""
+    y = x * inv_scale[:, None]
+    magnitude = y.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
     # normal e4m3 (>= 2^-6): keep 3 of float32's 23 mantissa bits, ties to even (a carry may bump the exponent)
     normal = ((magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20) << 20
     # subnormal e4m3: multiples of 2^-9, rounded by adding and taking away 2^23 at 2^9 times the value
-    small = ((tl.abs(x) * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
+    small = ((tl.abs(y) * 512.0 + 8388608.0) - 8388608.0) * 0.001953125
     rounded = tl.where(magnitude >= 0x3C800000, normal.to(tl.float32, bitcast=True), small)
-    rounded = tl.where(magnitude >= 0x7F800000, tl.abs(x), rounded)  # inf and NaN as they are
-    # the sign bit put back by bits: Triton negates as 0 - x, which loses -0.0; and no literal
-    # past int32 (Triton would widen the operation)
-    return (rounded.to(tl.uint32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
+    rounded = tl.where(magnitude >= 0x7F800000, tl.abs(y), rounded)  # inf and NaN as they are
+    # The sign bit comes from x's bits: a GPU's product with a NaN is its canonical, positive NaN,
+    # while torch's cast keeps a NaN's sign (the H200 wrote 0x7F where torch had 0xFF); Triton negates
+    # as 0 - x, which loses -0.0; and no literal past int32 (Triton would widen the operation).
+    sign = (x.to(tl.uint32, bitcast=True) >> 31) << 31
+    return (rounded.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -166,9 +169,9 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
         inv_scale = tl.where(ok, tl.math.div_rn(tl.full([BLOCK_M], FMAX, tl.float32), safe), 1.0)
         tl.store(scale_ptr + loc, tl.where(ok, tl.math.div_rn(safe, tl.full([BLOCK_M], FMAX, tl.float32)), 1.0),
                  mask=keep)
-        nope = _round_to_e4m3(nope * inv_scale[:, None])
+        nope = _scale_to_e4m3(nope, inv_scale)
         if HAS_ROPE:
-            rope = _round_to_e4m3(rope * inv_scale[:, None])
+            rope = _scale_to_e4m3(rope, inv_scale)
     _store_fp8(nope, pool_ptr, slot, keep, d_nope, NOPE_P2, OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
     if HAS_ROPE:
         _store_fp8(rope, pool_ptr + d_nope, slot, keep, d_rope, ROPE_P2, OVER_BITS, OVER_BYTE, NAN_BYTE, SIGNED)
