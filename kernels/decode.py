@@ -47,6 +47,20 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_s
 _kernel = functools.cache(compile_kernel)  # (target, tile, d_tail) -> kernel, once per process
 
 
+def entry(kernel):
+    """The compiled host function under a TileLang 0.1.12 kernel (tvm-ffi backend), called with the
+    prim_func's arguments in order. TileLang's Python wrapper around it loops over the parameters,
+    asks torch for the current device and looks the module up again on every call; the entry itself
+    takes torch's current stream from the tensors (tvm-ffi's DLPack exchange), as the wrapper's call
+    does. A backend without a tvm-ffi module (the wrapper is then all there is) keeps the kernel."""
+    adapter = kernel.adapter
+    if not hasattr(adapter, "_make_executable"):
+        return kernel
+    # loaded from TILELANG_CACHE_DIR: a module; compiled in this process: an executable to link once
+    module = adapter.executable or adapter._make_executable()
+    return (module.jit() if hasattr(module, "jit") else module).main
+
+
 @functools.cache
 def _device_facts(index: int):
     """(target, SM count) of a CUDA/HIP device, read once."""
@@ -138,7 +152,7 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
-    """(decode kernel, combine kernel or None, split count, padded top-k) for one call shape, once
+    """(decode entry, combine entry or None, split count, padded top-k) for one call shape, once
     per shape: a call then costs one look-up keyed by ints instead of the tile and split choice and
     two hashed kernel look-ups (~4 us of host time)."""
     target, sm_count = _device_facts(device_index)
@@ -146,8 +160,8 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     tile = tile or tiles.choose(target, H, warp_specialized=False if row_scaled else None)
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
-    return (_kernel(target, tile, width - d_v, row_scaled=row_scaled),
-            _kernel(target, None, None) if n_split > 1 else None, n_split, -(-topk // rows) * rows)
+    return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
+            entry(_kernel(target, None, None)) if n_split > 1 else None, n_split, -(-topk // rows) * rows)
 
 
 def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None):
