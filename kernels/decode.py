@@ -152,16 +152,20 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
-    """(decode entry, combine entry or None, split count, padded top-k) for one call shape, once
-    per shape: a call then costs one look-up keyed by ints instead of the tile and split choice and
-    two hashed kernel look-ups (~4 us of host time)."""
+    """(decode entry, combine entry or None, split count, padded top-k, kv_scale stand-in) for one
+    call shape, once per shape: a call then costs one look-up keyed by ints instead of the tile and
+    split choice and two hashed kernel look-ups (~4 us of host time). The stand-in fills the raw
+    layout's kv_scale argument, which its kernel never reads (one signature for both layouts)."""
+    import torch
+
     target, sm_count = _device_facts(device_index)
     # the warp-specialised kernel reads the raw layout only; None: DSAOPS_DECODE_WS decides
     tile = tile or tiles.choose(target, H, warp_specialized=False if row_scaled else None)
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
-            entry(_kernel(target, None, None)) if n_split > 1 else None, n_split, -(-topk // rows) * rows)
+            entry(_kernel(target, None, None)) if n_split > 1 else None, n_split, -(-topk // rows) * rows,
+            torch.empty(1, device=f"cuda:{device_index}"))
 
 
 def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None):
@@ -170,22 +174,22 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
 
     S, H, width = q.shape
     topk = indices.shape[2]
-    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    decode, combine, n_split, padded = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None)
+    dev = q.device
+    device_index = dev.index if dev.index is not None else torch.cuda.current_device()
+    decode, combine, n_split, padded, unread = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     if padded != topk:
         indices = torch.nn.functional.pad(indices, (0, padded - topk), value=-1)
-
-    part_o = torch.empty((S, n_split, H, d_v), dtype=torch.bfloat16, device=q.device)
-    part_lse = torch.empty((S, n_split, H), dtype=torch.float32, device=q.device)
-    # the raw-layout kernel never reads kv_scale: any float32 vector fills the argument
-    scale = part_lse.view(-1) if kv_scale is None else kv_scale
-    decode(q, kv, scale, indices, float(sm_scale), padded // n_split, part_o, part_lse)
+    scale = unread if kv_scale is None else kv_scale
+    # split k's heads at rows k*H.. (decode_tl.decode_kernel): one split writes the answer itself
+    out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
+    lse = torch.empty((S, H), dtype=torch.float32, device=dev)
     if combine is None:
-        out, lse = part_o.view(S, H, d_v), part_lse.view(S, H)
+        decode(q, kv, scale, indices, float(sm_scale), padded, out, lse)
     else:
-        out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty((S, H), dtype=torch.float32, device=q.device)
-        combine(part_o, part_lse, out, lse)
+        part_o = torch.empty((S, n_split * H, d_v), dtype=torch.bfloat16, device=dev)
+        part_lse = torch.empty((S, n_split * H), dtype=torch.float32, device=dev)
+        decode(q, kv, scale, indices, float(sm_scale), padded // n_split, part_o, part_lse)
+        combine(part_o, part_lse, n_split, out, lse)
     return (out, lse) if return_lse else out

@@ -8,8 +8,9 @@ H=64). Per tile of `block_rows` top-k rows:
   online softmax in fp32       masked rows forced to -inf after the product; lazy rescale
   V_f16 = upcast(K_fp8[:, :d_v]) in shared memory: e4m3 values are exact in fp16, HBM traffic stays fp8
   O += P_f16 . V_f16           fp16 product (P in [0, 2^8] keeps 11 bits, vs bf16's 8)
-A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps; `combine` merges them
-in fp32. With one split the decode kernel's output is the answer. Every shape that varies per call
+A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps, split k's heads at
+rows k*H.. of one [S, n_split*H] tensor; `combine` merges them in fp32. With one split the decode
+kernel's output is the answer as it is (no view a call). Every shape that varies per call
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
 """
 
@@ -28,9 +29,10 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
     T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H,
     s_i, hb, sp). S, H, top-k, pool slots and the split count are symbolic; the rows each split owns
     come as the scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split
-    count it cost a 32-bit division per use. kv_scale is the row-scaled layout's [slots] scales; a
+    count it cost a 32-bit division per use. out and lse hold split sp's heads at rows sp*H.., so
+    that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the row-scaled layout's [slots] scales; a
     raw-layout kernel never reads it (the host passes any float32 vector: one signature for both)."""
-    S, H, topk, slots, n_split, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "n_split", "scales"))
+    S, H, topk, slots, split_heads, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "split_heads", "scales"))
     width = d_v + d_tail
 
     @T.prim_func
@@ -41,10 +43,10 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
         indices: T.Tensor([S, 1, topk], T.int32),
         sm_scale: T.float32,
         split_rows: T.int32,
-        out: T.Tensor([S, n_split, H, d_v], T.bfloat16),
-        lse: T.Tensor([S, n_split, H], T.float32),
+        out: T.Tensor([S, split_heads, d_v], T.bfloat16),
+        lse: T.Tensor([S, split_heads], T.float32),
     ):
-        with T.Kernel(S, T.ceildiv(H, heads_per_block), n_split, threads=threads) as (s_i, hb, sp):
+        with T.Kernel(S, T.ceildiv(H, heads_per_block), split_heads // H, threads=threads) as (s_i, hb, sp):
             block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
 
     return decode
@@ -69,11 +71,11 @@ def write_split(acc_o, row_sum, m, inv_sum, out, lse, H, s_i, sp, h0, col0, scal
         inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
     for h, d in T.Parallel(heads, cols):
         if h0 + h < H:
-            out[s_i, sp, h0 + h, col0 + d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
+            out[s_i, sp * H + h0 + h, col0 + d] = (acc_o[h, d] * inv_sum[h]).astype(T.bfloat16)
     if with_lse:
         for h in T.Parallel(heads):
             if h0 + h < H:
-                lse[s_i, sp, h0 + h] = T.if_then_else(
+                lse[s_i, sp * H + h0 + h] = T.if_then_else(
                     row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
 
 
@@ -111,8 +113,8 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, step, scale2)
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
                    row_scaled: bool = False):
-    """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split, H, d_v] bf16
-    (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split, H]
+    """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split * H, d_v] bf16
+    (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split * H]
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
     run-time shapes; top-k must be a multiple of block_rows * n_split (the host pads with -1) and a
     split may own at most tile.index_rows of it (the host splits further).
@@ -203,51 +205,54 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block)
 
 
-def combine_program(d_v: int, *, heads_per_cta: int = 4, threads: int = 128):
+def combine_program(d_v: int, *, threads: int = 64):
     """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k).
-    The split loop is unrolled to MAX_SPLITS (guarded by n_split) so every split's loads are in
-    flight together: a loop over a run-time count waited one memory latency per split."""
+    One block a (query, head), each thread 16 bytes of every split's row: a thread issues all its
+    loads (every split's lse and its part of every split's output, the split loop unrolled to
+    MAX_SPLITS under n_split) before it uses any, so a call waits one memory latency, with no shared
+    memory and no barrier. (A 4-head block that staged the weights in shared memory took 7 us at
+    S=1 on the H200: two latencies and a serial exp per head behind three barriers.)"""
     acc = T.float32
-    S = T.dynamic("S")
-    H = T.dynamic("H")
-    n_split = T.dynamic("n_split")
-    HC, D = heads_per_cta, d_v
+    S, H, split_heads = T.dynamic("S"), T.dynamic("H"), T.dynamic("split_heads")
+    vec = d_v // threads
 
     @T.prim_func
     def combine(
-        part_o: T.Tensor([S, n_split, H, D], T.bfloat16),
-        part_lse: T.Tensor([S, n_split, H], acc),
-        out: T.Tensor([S, H, D], T.bfloat16),
+        part_o: T.Tensor([S, split_heads, d_v], T.bfloat16),
+        part_lse: T.Tensor([S, split_heads], acc),
+        n_split: T.int32,
+        out: T.Tensor([S, H, d_v], T.bfloat16),
         lse: T.Tensor([S, H], acc),
     ):
-        with T.Kernel(S, T.ceildiv(H, HC), threads=threads) as (s_i, hb):
-            h0 = hb * HC
-            lse_s = T.alloc_shared([MAX_SPLITS, HC], acc)
-            top = T.alloc_fragment([HC], acc)
-            total = T.alloc_fragment([HC], acc)
-            o = T.alloc_fragment([HC, D], acc)
-            for k, h in T.Parallel(MAX_SPLITS, HC):
-                lse_s[k, h] = T.if_then_else((k < n_split) and (h0 + h < H), part_lse[s_i, k, h0 + h], -T.infinity(acc))
-            T.fill(top, -T.infinity(acc))
-            T.fill(total, 0)
-            T.fill(o, 0)
+        with T.Kernel(S, H, threads=threads) as (s_i, h):
+            tx = T.get_thread_binding()
+            w = T.alloc_local([MAX_SPLITS], acc)
+            parts = T.alloc_local([MAX_SPLITS, vec], T.bfloat16)
+            o = T.alloc_local([vec], acc)
+            top = T.alloc_local([1], acc)
+            total = T.alloc_local([1], acc)
             for k in T.unroll(MAX_SPLITS):
-                for h in T.Parallel(HC):
-                    top[h] = T.max(top[h], lse_s[k, h])
-            # weights in place; every split empty -> top = -inf: weight 0 instead of exp(-inf + inf) = NaN
-            for k, h in T.Parallel(MAX_SPLITS, HC):
-                lse_s[k, h] = T.if_then_else(top[h] > -T.infinity(acc), T.exp2((lse_s[k, h] - top[h]) * LOG2E), 0)
+                w[k] = -T.infinity(acc)
+                if k < n_split:
+                    w[k] = part_lse[s_i, k * H + h]
+                    for v in T.vectorized(vec):
+                        parts[k, v] = part_o[s_i, k * H + h, tx * vec + v]
+            top[0] = -T.infinity(acc)
             for k in T.unroll(MAX_SPLITS):
-                for h in T.Parallel(HC):
-                    total[h] += lse_s[k, h]
-                for h, d in T.Parallel(HC, D):
-                    if (k < n_split) and (h0 + h < H):
-                        o[h, d] += lse_s[k, h] * part_o[s_i, k, h0 + h, d]
-            for h, d in T.Parallel(HC, D):
-                if h0 + h < H:
-                    out[s_i, h0 + h, d] = (o[h, d] / T.if_then_else(total[h] == 0, 1.0, total[h])).astype(T.bfloat16)
-            for h in T.Parallel(HC):
-                if h0 + h < H:
-                    lse[s_i, h0 + h] = T.if_then_else(total[h] == 0, -T.infinity(acc), T.log(total[h]) + top[h])
+                top[0] = T.max(top[0], w[k])
+            total[0] = 0
+            for v in T.unroll(vec):
+                o[v] = 0
+            # every split empty -> top = -inf: weights 0 instead of exp(-inf + inf) = NaN
+            for k in T.unroll(MAX_SPLITS):
+                if k < n_split and top[0] > -T.infinity(acc):
+                    w[k] = T.exp2((w[k] - top[0]) * LOG2E)
+                    total[0] += w[k]
+                    for v in T.unroll(vec):
+                        o[v] += w[k] * parts[k, v]
+            for v in T.vectorized(vec):
+                out[s_i, h, tx * vec + v] = (o[v] / T.if_then_else(total[0] == 0, 1.0, total[0])).astype(T.bfloat16)
+            if tx == 0:
+                lse[s_i, h] = T.if_then_else(total[0] == 0, -T.infinity(acc), T.log(total[0]) + top[0])
 
     return combine
