@@ -114,7 +114,9 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         T.reduce_sum(sum_part, row_sum, dim=1)
         exchange(w, row_sum, sum_s, own_stats, peer_stats, pairs & 1, False)
         # each its half of the output; warpgroup 0 the lse (alpha, done with, holds the reciprocals)
-        write_split(acc_o, row_sum, m, alpha, out, lse, H, s_i, sp, h0, w * half, scale2, w == 0)
+        # written straight from the accumulators: TileLang does not place a staging buffer over dead
+        # ones across the consumers' branches, and two more do not fit next to the ring
+        write_split(acc_o, row_sum, m, alpha, None, out, lse, H, s_i, sp, h0, w * half, scale2, w == 0)
 
     @T.macro
     def produce(t, k_l, k_r, k_t, valid, ready, free, kv, indices, idx, s_i, base, row_in_pass, chunk):
