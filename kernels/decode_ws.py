@@ -51,7 +51,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
     @T.macro
     def consume(w, i, q_l, q_r, q_t, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s,
                 own_stats, peer_stats, own_p_ready, peer_p_ready, acc_s, acc_o, m, m_tile, alpha, sum_part,
-                grew, scale2):
+                scale2):
         """Warpgroup w, pair i: its own tile's QK^T and softmax, then PV of both tiles on its half."""
         k_half = k_l if w == 0 else k_r
         own, peer = 2 * i + w, 2 * i + 1 - w  # tile numbers
@@ -70,7 +70,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         # Arriving here also tells the peer this warpgroup's last PV product with the peer's P is
         # done (waited above), so the peer may overwrite its P buffer.
         exchange(w, m_tile, max_s, own_stats, peer_stats, i & 1, True)
-        online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, grew, i + 1, scale2)
+        online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
         T.copy(acc_s, own_p)
         T.fence_proxy_async()
         T.barrier_arrive(own_p_ready[0])
@@ -85,7 +85,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
 
     @T.macro
     def consumer(w, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s, sum_s,
-                 own_stats, peer_stats, own_p_ready, peer_p_ready, grew, out, lse, H, s_i, sp, h0, scale2, pairs):
+                 own_stats, peer_stats, own_p_ready, peer_p_ready, out, lse, H, s_i, sp, h0, scale2, pairs):
         """Consumer warpgroup w (its own fragments: a fragment's layout belongs to one thread range)."""
         acc_s = T.alloc_fragment([HB, BI], acc)
         acc_o = T.alloc_fragment([HB, half], acc)
@@ -109,7 +109,7 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         for i in T.serial(pairs):
             consume(w, i, q_l, q_r, q_t, k_l, k_r, k_t, valid, ready, free, v, own_p, peer_p, max_s,
                     own_stats, peer_stats, own_p_ready, peer_p_ready, acc_s, acc_o, m, m_tile, alpha, sum_part,
-                    grew, scale2)
+                    scale2)
         # softmax sums: each warpgroup summed its own tiles; both add the same two numbers
         T.reduce_sum(sum_part, row_sum, dim=1)
         exchange(w, row_sum, sum_s, own_stats, peer_stats, pairs & 1, False)
@@ -155,8 +155,6 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
         p1 = T.alloc_shared([HB, BI], f16)
         max_s = T.alloc_shared([2, HB], acc)
         sum_s = T.alloc_shared([2, HB], acc)
-        grew0 = T.alloc_shared([1], T.int32)
-        grew1 = T.alloc_shared([1], T.int32)
         idx = T.alloc_local([BI // 8], T.int32)
 
         ready = T.alloc_barrier([128] * stages)
@@ -174,10 +172,10 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
 
         if tx < 128:
             consumer(0, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v0, p0, p1, max_s, sum_s,
-                     stats0, stats1, p0_ready, p1_ready, grew0, out, lse, H, s_i, sp, h0, scale2, pairs)
+                     stats0, stats1, p0_ready, p1_ready, out, lse, H, s_i, sp, h0, scale2, pairs)
         elif tx < 256:
             consumer(1, q, q_l, q_r, q_t, q_ready, k_l, k_r, k_t, valid, ready, free, v1, p1, p0, max_s, sum_s,
-                     stats1, stats0, p1_ready, p0_ready, grew1, out, lse, H, s_i, sp, h0, scale2, pairs)
+                     stats1, stats0, p1_ready, p0_ready, out, lse, H, s_i, sp, h0, scale2, pairs)
         else:
             T.set_max_nreg(56, 0)
             lane = tx - 256
