@@ -111,22 +111,29 @@ def decode_preferred(num_queries: int, num_heads: int) -> bool:
     return num_queries * num_heads >= PREFERRED_MIN_QUERY_HEADS
 
 
-def _check(q, kv, indices, d_v):
+@functools.cache
+def _check_geometry(q_shape, kv_shape, idx_shape, kv_dtype, idx_dtype, d_v) -> None:
+    """The shape and dtype checks, once per distinct call shape (a ValueError is not cached)."""
     import torch
 
-    if q.dim() != 3 or kv.dim() != 3 or indices.dim() != 3:
+    if len(q_shape) != 3 or len(kv_shape) != 3 or len(idx_shape) != 3:
         raise ValueError(f"want q [S, H, d], kv [slots, 1, d], indices [S, 1, topk]; got "
-                         f"{tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
-    S, H, width = q.shape
-    if not decode_supported(H, width, d_v, indices.shape[2], kv.dtype):
+                         f"{tuple(q_shape)}, {tuple(kv_shape)}, {tuple(idx_shape)}")
+    S, H, width = q_shape
+    if not decode_supported(H, width, d_v, idx_shape[2], kv_dtype):
         raise ValueError(f"unsupported geometry: heads {H} (>= 1), d_v {d_v} (512), "
-                         f"d_tail {width - d_v} (0 or 64), top-k {indices.shape[2]} (1 to {tiles.MAX_TOPK}), "
-                         f"kv dtype {kv.dtype} (raw fp8)")
-    if kv.shape[1] != 1 or kv.shape[2] != width:
-        raise ValueError(f"kv must be [slots, 1, {width}] (rows as wide as q), got {tuple(kv.shape)}")
-    if indices.shape[0] != S or indices.shape[1] != 1 or indices.dtype != torch.int32:
-        raise ValueError(f"indices must be int32 [{S}, 1, topk], got {indices.dtype} {tuple(indices.shape)}")
-    if not (q.is_cuda and kv.device == q.device and indices.device == q.device):
+                         f"d_tail {width - d_v} (0 or 64), top-k {idx_shape[2]} (1 to {tiles.MAX_TOPK}), "
+                         f"kv dtype {kv_dtype} (raw fp8)")
+    if kv_shape[1] != 1 or kv_shape[2] != width:
+        raise ValueError(f"kv must be [slots, 1, {width}] (rows as wide as q), got {tuple(kv_shape)}")
+    if idx_shape[0] != S or idx_shape[1] != 1 or idx_dtype != torch.int32:
+        raise ValueError(f"indices must be int32 [{S}, 1, topk], got {idx_dtype} {tuple(idx_shape)}")
+
+
+def _check(q, kv, indices, d_v):
+    _check_geometry(q.shape, kv.shape, indices.shape, kv.dtype, indices.dtype, d_v)
+    dev = q.device
+    if not (q.is_cuda and kv.device == dev and indices.device == dev):
         raise ValueError("q, kv and indices must be on the same GPU")
     if not (q.is_contiguous() and kv.is_contiguous() and indices.is_contiguous()):
         raise ValueError("q, kv and indices must be contiguous")
