@@ -20,20 +20,21 @@ def main() -> None:
     for child in children:
         child.stdout.readline()  # titled before the test looks
 
-    def stop(*_):
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            child.wait()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
+    # The handler only notes the stop: Python runs it on the main thread between bytecodes, and one
+    # that waited for the children there could land inside Popen.poll(), which holds the child's
+    # (non-reentrant) wait lock: the launcher then hung for good (a CI run saw it; 1 of 150 stops hung in a loop of starts and stops).
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     print(json.dumps([c.pid for c in children]), flush=True)
-    while True:
+    while not stopping:
         for child in children:
             child.poll()  # reap the dead, as multiprocessing does
         time.sleep(0.1)
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    for child in children:
+        child.wait()
 
 
 if __name__ == "__main__":
