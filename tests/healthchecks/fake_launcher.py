@@ -22,7 +22,8 @@ def main() -> None:
 
     # The handler only notes the stop: Python runs it on the main thread between bytecodes, and one
     # that waited for the children there could land inside Popen.poll(), which holds the child's
-    # (non-reentrant) wait lock: the launcher then hung for good (a CI run saw it; 1 of 150 stops hung in a loop of starts and stops).
+    # (non-reentrant) wait lock: the launcher then hung for good (a CI trial saw it; in a loop of
+    # starts and stops, 1 stop of 150 hung).
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     print(json.dumps([c.pid for c in children]), flush=True)
