@@ -172,7 +172,7 @@ def precompile(sglang_root, workers, extra_tiles=()):
 
     target = targets.get("sm_90")
     ours = sorted({(t, 0) for t in [tiles.choose(target, h) for h in HEADS] + list(extra_tiles)}, key=str)
-    ours.append((None, None))
+    ours += [(c, None) for c in tiles.COMBINES]
     jobs = [(_warm_dsaops, ("sm_90", t, dt, None, False, False)) for t, dt in ours]
     if sglang_root:
         jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in HEADS]  # bf16 kernel: no split, S-free

@@ -23,7 +23,7 @@ _TYPE_BYTES = {"signed char": 1, "char": 1, "uchar": 1, "bool": 1, "half_t": 2, 
 @dataclass(frozen=True)
 class Built:
     target: str
-    tile: object        # tiles.Tile, or None for the split combine kernel
+    tile: object        # tiles.Tile, or tiles.Combine for a split merge kernel
     d_tail: int | None
     smem_bytes: int     # dynamic + static shared memory of the compiled kernel
     budget: int
@@ -37,8 +37,11 @@ class Built:
 
     @property
     def kernel(self) -> str:
-        return "combine" if self.tile is None else (f"decode {self.tile.name} d_tail={self.d_tail}"
-                                                    + (" row-scaled" if self.row_scaled else ""))
+        from dsaops.kernels.tiles import Combine
+
+        if isinstance(self.tile, Combine):
+            return self.tile.name
+        return f"decode {self.tile.name} d_tail={self.d_tail}" + (" row-scaled" if self.row_scaled else "")
 
 
 def shared_memory_bytes(host_source: str, device_source: str, name: str) -> int:
@@ -62,6 +65,7 @@ def _build(job) -> tuple:
     if cache_dir:
         os.environ["TILELANG_CACHE_DIR"] = cache_dir
     from dsaops.kernels.decode import compile_kernel
+    from dsaops.kernels.tiles import Combine
 
     from dsaops import targets
 
@@ -70,7 +74,7 @@ def _build(job) -> tuple:
         kernel = compile_kernel(target, tile, d_tail, row_scaled=row_scaled)
     except Exception as e:  # noqa: BLE001 - TVM errors do not pickle back to the parent process
         raise RuntimeError(f"{target_name} {tile} d_tail={d_tail}: {type(e).__name__}: {e}") from None
-    name = "combine" if tile is None else "decode"
+    name = "combine" if isinstance(tile, Combine) else "decode"
     device = kernel.get_kernel_source()
     report = None
     if with_ptxas:
@@ -83,7 +87,7 @@ def _build(job) -> tuple:
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
           workers: int | None = None, ptxas: bool = False, row_scaled: bool = False) -> list[Built]:
     """Compile (tile, d_tail) kernels for a target in parallel processes; default: every one the
-    dispatch can choose, plus the combine kernel. Returns one Built per kernel; with `ptxas`, each
+    dispatch can choose, plus the split merges. Returns one Built per kernel; with `ptxas`, each
     carries ptxas's report (one more nvcc run a kernel); with `row_scaled`, the decode kernels are
     the row-scaled layout's."""
     from dsaops.kernels import tiles
@@ -95,7 +99,8 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
         raise ValueError(f"{target_name}: kernels are compiled for NVIDIA targets only "
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
     if jobs is None:
-        jobs = sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str) + [(None, None)]
+        jobs = (sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str)
+                + [(c, None) for c in tiles.COMBINES])
     work = [(target_name, tile, dt, cache_dir, ptxas, row_scaled) for tile, dt in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1)
     if workers == 1:
@@ -105,7 +110,8 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             done = list(pool.map(_build, work))
-    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report, row_scaled and tile is not None)
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report,
+                  row_scaled and isinstance(tile, tiles.Tile))
             for tile, dt, smem, wgmma, report in done]
 
 
@@ -151,7 +157,7 @@ def run_compile(args) -> int:
     print(f"{'heads':>5} {'d_tail':>6}  {'tile':<18} {'shared memory':>14} {'budget':>8}  fits"
           + ("  registers  spills  wgmma" if args.ptxas else ""))
     rows = [(str(heads), str(d_tail), tile.name, built[(tile, d_tail)]) for heads, d_tail, tile in tiles.configurations(target)]
-    rows.append(("any", "-", "combine", built[(None, None)]))
+    rows += [("any", "-", c.name, built[(c, None)]) for c in tiles.COMBINES]
     for heads, d_tail, name, b in rows:
         line = f"{heads:>5} {d_tail:>6}  {name:<18} {b.smem_bytes:>14,} {b.budget:>8,}  {'yes' if b.fits else 'NO':<4}"
         if b.ptxas:

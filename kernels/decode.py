@@ -20,14 +20,14 @@ _MIN_TILES_PER_SPLIT = 2
 
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
     """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile (for the row-scaled
-    layout with row_scaled), or the combine kernel when tile is None. Returns a tilelang JITKernel."""
+    layout with row_scaled), or the split merge when tile is a tiles.Combine. Returns a tilelang JITKernel."""
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     import tilelang
     from dsaops.kernels import decode_tl
 
     configs = {}
-    if tile is None:
-        program = decode_tl.combine_program(d_v)
+    if isinstance(tile, tiles.Combine):
+        program = decode_tl.combine_program(d_v, tile.splits)
     elif tile.warp_specialized:
         if row_scaled:
             raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")
@@ -171,7 +171,8 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
-            entry(_kernel(target, None, None)) if n_split > 1 else None, n_split, -(-topk // rows) * rows,
+            entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 else None, n_split,
+            -(-topk // rows) * rows,
             torch.empty(1, device=f"cuda:{device_index}"))
 
 

@@ -15,7 +15,6 @@ kernel's output is the answer as it is (no view a call). Every shape that varies
 """
 
 import tilelang.language as T
-from dsaops.kernels.tiles import MAX_SPLITS
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -208,13 +207,13 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block)
 
 
-def combine_program(d_v: int, *, threads: int = 64):
+def combine_program(d_v: int, splits: int, *, threads: int = 64):
     """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k).
     One block a (query, head), each thread 16 bytes of every split's row: a thread issues all its
     loads (every split's lse and its part of every split's output, the split loop unrolled to
-    MAX_SPLITS under n_split) before it uses any, so a call waits one memory latency, with no shared
-    memory and no barrier. (A 4-head block that staged the weights in shared memory took 7 us at
-    S=1 on the H200: two latencies and a serial exp per head behind three barriers.)"""
+    `splits` under n_split, tiles.Combine) before it uses any, so a call waits one memory latency,
+    with no shared memory and no barrier. (A 4-head block that staged the weights in shared memory
+    took 7 us at S=1 on the H200: two latencies and a serial exp per head behind three barriers.)"""
     acc = T.float32
     S, H, split_heads = T.dynamic("S"), T.dynamic("H"), T.dynamic("split_heads")
     vec = d_v // threads
@@ -229,25 +228,25 @@ def combine_program(d_v: int, *, threads: int = 64):
     ):
         with T.Kernel(S, H, threads=threads) as (s_i, h):
             tx = T.get_thread_binding()
-            w = T.alloc_local([MAX_SPLITS], acc)
-            parts = T.alloc_local([MAX_SPLITS, vec], T.bfloat16)
+            w = T.alloc_local([splits], acc)
+            parts = T.alloc_local([splits, vec], T.bfloat16)
             o = T.alloc_local([vec], acc)
             top = T.alloc_local([1], acc)
             total = T.alloc_local([1], acc)
-            for k in T.unroll(MAX_SPLITS):
+            for k in T.unroll(splits):
                 w[k] = -T.infinity(acc)
                 if k < n_split:
                     w[k] = part_lse[s_i, k * H + h]
                     for v in T.vectorized(vec):
                         parts[k, v] = part_o[s_i, k * H + h, tx * vec + v]
             top[0] = -T.infinity(acc)
-            for k in T.unroll(MAX_SPLITS):
+            for k in T.unroll(splits):
                 top[0] = T.max(top[0], w[k])
             total[0] = 0
             for v in T.unroll(vec):
                 o[v] = 0
             # every split empty -> top = -inf: weights 0 instead of exp(-inf + inf) = NaN
-            for k in T.unroll(MAX_SPLITS):
+            for k in T.unroll(splits):
                 if k < n_split and top[0] > -T.infinity(acc):
                     w[k] = T.exp2((w[k] - top[0]) * LOG2E)
                     total[0] += w[k]

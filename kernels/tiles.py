@@ -15,7 +15,7 @@ from dataclasses import dataclass
 D_V = 512
 D_TAILS = (0, 64)
 HEAD_COUNTS = (8, 16, 32, 64, 128)
-MAX_SPLITS = 16  # most splits of top-k the host chooses; the combine kernel unrolls over this many
+MAX_SPLITS = 16  # most splits of top-k the host chooses
 # Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
 # (block_rows, stages)
 _CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
@@ -68,6 +68,27 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
 
 
 WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
+
+
+@dataclass(frozen=True)
+class Combine:
+    """The split merge (decode_tl.combine_program), its split loop unrolled to `splits`: a call of
+    n_split <= splits splits runs it. Each unrolled split holds a thread's 16 bytes of that split's
+    output in registers; at S=64 (2 splits) the 16-split merge's 95 registers a thread let 10 of its
+    blocks share an SM and it took 7 us on the H200."""
+    splits: int
+
+    @property
+    def name(self) -> str:
+        return f"combine_s{self.splits}"
+
+
+COMBINES = (Combine(4), Combine(MAX_SPLITS))
+
+
+def combine_for(n_split: int) -> Combine:
+    """The merge a call of n_split splits (2..MAX_SPLITS) runs: the fewest unrolled splits that hold them."""
+    return next(c for c in COMBINES if n_split <= c.splits)
 
 
 def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None) -> Tile:

@@ -71,6 +71,11 @@ def test_split_fills_the_sms_without_starving_a_split(S, heads, want):
     assert n == 1 or S * -(-heads // tile.heads_per_block) * n <= 132  # one wave at most
 
 
+def test_each_split_count_gets_the_smallest_merge_that_holds_it():
+    assert [tiles.combine_for(n).splits for n in (2, 4, 8, 16)] == [4, 4, 16, 16]
+    assert tiles.COMBINES[-1].splits == tiles.MAX_SPLITS  # every count choose_split makes has a merge
+
+
 def test_split_keeps_each_splits_row_ids_within_the_tile():
     """A split holds its row ids in shared memory: top-k beyond tile.index_rows forces more splits,
     even where one wave is already full."""
