@@ -29,8 +29,9 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
     s_i, hb, sp). S, H, top-k, pool slots and the split count are symbolic; the rows each split owns
     come as the scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split
     count it cost a 32-bit division per use. out and lse hold split sp's heads at rows sp*H.., so
-    that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the row-scaled layout's [slots] scales; a
-    raw-layout kernel never reads it (the host passes any float32 vector: one signature for both)."""
+    that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the
+    row-scaled layout's [slots] scales; a raw-layout kernel never reads it (the host passes any
+    float32 vector: one signature for both)."""
     S, H, topk, slots, split_heads, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "split_heads", "scales"))
     width = d_v + d_tail
 
