@@ -7,9 +7,9 @@ a baseline with small stand-ins for its two SGLang imports, never copied). Geome
 NoPE MLA (d_v=512, d_tail=0), top-k 2048, a 1,048,576-row pool, random distinct indices per query.
 GPU time = median of CUDA-graph replays (20 calls a graph); eager host cost = wall time per call of
 back-to-back eager calls (the GPU never stalls the host there), the least (and the median) of 15
-runs, the garbage collector off as in `timeit`. The roofline is the larger of the fp8 rows read once over the measured
-copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels compile first in parallel
-processes (cached in TILELANG_CACHE_DIR).
+runs, the garbage collector off as in `timeit`. The roofline is the larger of the fp8 rows read
+once over the measured copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels
+compile first in parallel processes (cached in TILELANG_CACHE_DIR).
 Prints a table last; writes the JSON schema of issue 7.
 """
 from __future__ import annotations
@@ -148,9 +148,10 @@ def _warm_sglang(job):
 
 
 def _warm_dsaops(job):
+    """Compile one (tile or merge, d_tail) of dsaops' sm_90 kernels in a worker, through the CLI's build."""
     from dsaops.kernels import cli
 
-    return cli._build(job)
+    return cli.build("sm_90", jobs=[job], workers=1)
 
 
 def parse_tile(spec):
@@ -173,7 +174,7 @@ def precompile(sglang_root, workers, extra_tiles=()):
     target = targets.get("sm_90")
     ours = sorted({(t, 0) for t in [tiles.choose(target, h) for h in HEADS] + list(extra_tiles)}, key=str)
     ours += [(c, None) for c in tiles.COMBINES]
-    jobs = [(_warm_dsaops, ("sm_90", t, dt, None, False, False)) for t, dt in ours]
+    jobs = [(_warm_dsaops, job) for job in ours]
     if sglang_root:
         jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in HEADS]  # bf16 kernel: no split, S-free
         jobs += [(_warm_sglang, (sglang_root, H, S, True)) for H in HEADS for S in BATCHES]

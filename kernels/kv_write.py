@@ -166,9 +166,9 @@ def _write_kv_fp8_kernel(pool_ptr, pool_stride, n_slots, loc_ptr, n_rows, skip_i
         amax = amax_bits.to(tl.float32, bitcast=True)
         ok = (amax_bits < 0x7F800000) & (amax > TINY_AMAX)
         safe = tl.where(ok, amax, 1.0)
-        inv_scale = tl.where(ok, tl.math.div_rn(tl.full([BLOCK_M], FMAX, tl.float32), safe), 1.0)
-        tl.store(scale_ptr + loc, tl.where(ok, tl.math.div_rn(safe, tl.full([BLOCK_M], FMAX, tl.float32)), 1.0),
-                 mask=keep)
+        fmax = tl.full([BLOCK_M], FMAX, tl.float32)
+        inv_scale = tl.where(ok, tl.math.div_rn(fmax, safe), 1.0)
+        tl.store(scale_ptr + loc, tl.where(ok, tl.math.div_rn(safe, fmax), 1.0), mask=keep)
         nope = _scale_to_e4m3(nope, inv_scale)
         if HAS_ROPE:
             rope = _scale_to_e4m3(rope, inv_scale)

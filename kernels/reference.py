@@ -144,13 +144,14 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None)
     if targets.unique().numel() != targets.numel():
         raise ValueError("loc names a slot twice: which row lands there would be undefined; deduplicate loc")
     rows = torch.cat([p.float().cpu() for p in parts], dim=1)[keep]
+    slots = targets.to(pool.device)
     if kv_scale is None:
         cast = rows.to(pool.dtype)
     else:
         cast, scales = quantize_rows_scaled(rows, pool.dtype)
-        kv_scale[targets.to(pool.device)] = scales.to(pool.device)
+        kv_scale[slots] = scales.to(pool.device)
     # Indexed through uint8 views: advanced indexing of float8 tensors is not implemented on every device.
-    pool.view(torch.uint8)[targets.to(pool.device), 0] = cast.view(torch.uint8).to(pool.device)
+    pool.view(torch.uint8)[slots, 0] = cast.view(torch.uint8).to(pool.device)
     return pool
 
 
