@@ -28,6 +28,7 @@ class Built:
     smem_bytes: int     # dynamic + static shared memory of the compiled kernel
     budget: int
     uses_wgmma: bool    # Hopper tensor-core instructions in the device code
+    overlaps_launches: bool  # waits for the kernel before it in the device code (programmatic dependent launch)
     ptxas: object = None  # ptxas.PtxasReport when asked for
     row_scaled: bool = False  # the kernel for the row-scaled KV layout
 
@@ -81,7 +82,8 @@ def _build(job) -> tuple:
         from dsaops.kernels import ptxas
 
         report = ptxas.report(device, target.gpu_arch)
-    return tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device, report
+    return (tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device,
+            "cudaGridDependencySynchronize" in device, report)
 
 
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
@@ -110,9 +112,9 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             done = list(pool.map(_build, work))
-    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, report,
+    return [Built(target_name, tile, dt, smem, target.smem_per_block_bytes, wgmma, pdl, report,
                   row_scaled and isinstance(tile, tiles.Tile))
-            for tile, dt, smem, wgmma, report in done]
+            for tile, dt, smem, wgmma, pdl, report in done]
 
 
 def add_parser(sub) -> None:

@@ -26,21 +26,23 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_s
     from dsaops.kernels import decode_tl
 
     configs = {}
+    pdl = target.has("pdl")
     if isinstance(tile, tiles.Combine):
-        program = decode_tl.combine_program(d_v, tile.splits)
+        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl)
     elif tile.warp_specialized:
         if row_scaled:
             raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")
         from dsaops.kernels import decode_ws
 
         program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, stages=tile.stages,
-                                             fp8_dtype=target.fp8_dtype)
+                                             fp8_dtype=target.fp8_dtype, pdl=pdl)
         # row ids are the caller's contract (< slots), as in SGLang's kernels; the bounds guards
         # TileLang would add cost a compare per 16-byte copy
         configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
     else:
         program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
-                                           row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled)
+                                           row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled,
+                                           pdl=pdl)
     return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
 
 

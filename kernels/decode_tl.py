@@ -22,7 +22,7 @@ NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids in
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
 
 
-def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block):
+def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block, pdl: bool):
     """The prim_func both decode kernels share: the signature the host calls and the grid, one axis
     each for query, head block and split (so no address needs a run-time division). `block`, a
     T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H,
@@ -31,7 +31,7 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
     count it cost a 32-bit division per use. out and lse hold split sp's heads at rows sp*H.., so
     that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the
     row-scaled layout's [slots] scales; a raw-layout kernel never reads it (the host passes any
-    float32 vector: one signature for both)."""
+    float32 vector: one signature for both). pdl: overlap_launches first."""
     S, H, topk, slots, split_heads, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "split_heads", "scales"))
     width = d_v + d_tail
 
@@ -47,9 +47,22 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
         lse: T.Tensor([S, split_heads], T.float32),
     ):
         with T.Kernel(S, T.ceildiv(H, heads_per_block), split_heads // H, threads=threads) as (s_i, hb, sp):
+            if pdl:
+                overlap_launches()
             block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
 
     return decode
+
+
+@T.macro
+def overlap_launches():
+    """Programmatic dependent launch: this kernel may start while the one before it in the stream
+    finishes, and waits for it (and its memory) here, before reading anything; the kernel after it
+    may start at once and waits likewise. What overlaps is the launch latency: at S=1 a decode call
+    is two short kernels back to back. The host launches a kernel that waits this way with the
+    programmatic-serialization attribute (TileLang marks it)."""
+    T.pdl_sync()
+    T.pdl_trigger()
 
 
 @T.macro
@@ -115,7 +128,7 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2):
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
-                   row_scaled: bool = False):
+                   row_scaled: bool = False, pdl: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py). Writes out [S, n_split * H, d_v] bf16
     (each split's softmax-normalised output; n_split=1 is the final answer) and lse [S, n_split * H]
     fp32 (natural log, -inf where the split saw no unmasked row). H, S, top-k, slots, n_split are
@@ -125,6 +138,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output
     fragments different row owners, which TileLang rejects as a layout conflict (sm_121's 64-head
     tile).
+    pdl: the kernel overlaps its launch with the kernel before it (overlap_launches; targets with
+    "pdl" in the targets table).
     row_scaled: the stretch layout (kv rows times kv_scale[row]; reference.row_scales). A tile's
     scales multiply its scores, and P before the PV product; P and V are then bf16 (V's fp8 values
     exactly, P scaled by any power: fp16's range would lose tiny scales), 2^-9 instead of 2^-11."""
@@ -205,10 +220,10 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         staged = T.alloc_shared([HB, D + STAGE_PAD], T.bfloat16)  # TileLang places it over the dead V buffer
         write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, 0, scale2, True)
 
-    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block)
+    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block, pdl)
 
 
-def combine_program(d_v: int, splits: int, *, threads: int = 64):
+def combine_program(d_v: int, splits: int, *, threads: int = 64, pdl: bool = False):
     """Merge split partials in fp32: out = sum_k w_k o_k / sum_k w_k, w_k = exp(lse_k - max_k lse_k).
     One block a (query, head), each thread 16 bytes of every split's row: a thread issues all its
     loads (every split's lse and its part of every split's output, the split loop unrolled to
@@ -228,6 +243,8 @@ def combine_program(d_v: int, splits: int, *, threads: int = 64):
         lse: T.Tensor([S, H], acc),
     ):
         with T.Kernel(S, H, threads=threads) as (s_i, h):
+            if pdl:
+                overlap_launches()
             tx = T.get_thread_binding()
             w = T.alloc_local([splits], acc)
             parts = T.alloc_local([splits, vec], T.bfloat16)

@@ -24,7 +24,7 @@ THREADS = 384
 
 
 def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: int = 3,
-                      fp8_dtype: str = "float8_e4m3fn"):
+                      fp8_dtype: str = "float8_e4m3fn", pdl: bool = False):
     HB, BI = HEADS, block_rows
     D, Dt = d_v, d_tail
     half = D // 2
@@ -185,4 +185,4 @@ def decode_ws_program(d_v: int, d_tail: int, *, block_rows: int = 64, stages: in
                 produce(t, k_l, k_r, k_t, valid, ready, free, kv, indices, idx, s_i,
                         sp * split_rows + t * BI, row_in_pass, chunk)
 
-    return decode_kernel(HB, D, Dt, fp8_dtype, THREADS, block)
+    return decode_kernel(HB, D, Dt, fp8_dtype, THREADS, block, pdl)

@@ -79,6 +79,27 @@ def test_hopper_uses_wgmma_and_gb10_does_not(built):
     assert not any(b.uses_wgmma for b in built["sm_121"].values())
 
 
+def test_every_nvidia_kernel_overlaps_its_launch_with_the_kernel_before(built):
+    """Programmatic dependent launch (the targets table's "pdl"): each kernel waits for its
+    predecessor in the device code, which is what makes TileLang launch it with the attribute."""
+    kernels = [b for name in ("sm_90", "sm_121") for b in [*built[name].values(), *built[name + " row-scaled"]]]
+    assert kernels and all(b.overlaps_launches for b in kernels), [b.kernel for b in kernels if not b.overlaps_launches]
+
+
+def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
+    """Negative control: the same merge kernel for a target whose table row lacks "pdl"."""
+    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    import dataclasses
+
+    from dsaops.kernels import decode
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", CACHE)
+    sm90 = targets.get("sm_90")
+    plain = dataclasses.replace(sm90, features=tuple(f for f in sm90.features if f != "pdl"))
+    source = decode.compile_kernel(plain, tiles.COMBINES[0], None).get_kernel_source()
+    assert "cudaGridDependencySynchronize" not in source and "__global__" in source
+
+
 def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
     """ptxas serializes every wgmma of a kernel (C7514) when an accumulator may be read while a
     product into it is in flight; decode_ws lost 4% on the H200 to one such product."""
