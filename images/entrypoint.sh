@@ -40,8 +40,14 @@ if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
     exit 2
 fi
 
-python3 -m "$module" "$@" > >(tee -a "$log") 2>&1 &
+# SGLang's output reaches the log and `docker logs` through tee; its pid is kept to wait for it at
+# the end, so that SGLang's last lines (its shutdown) are written before this shell, PID 1 of the
+# container, exits and the kernel ends every process left in the container with it.
+exec {out}> >(tee -a "$log")
+tee_pid=$!
+python3 -m "$module" "$@" >&"$out" 2>&1 &
 server=$!
+exec {out}>&-  # only SGLang holds the pipe now: tee ends once SGLang and its children have exited
 
 exporter=""
 if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
@@ -65,4 +71,9 @@ if [ -n "$exporter" ]; then
     kill -TERM "$exporter" 2>/dev/null
     wait "$exporter"
 fi
+# at most 5 s: a child of SGLang still holding the pipe must not keep the container alive
+for _ in $(seq 50); do
+    kill -0 "$tee_pid" 2>/dev/null || break
+    sleep 0.1
+done
 exit "$status"

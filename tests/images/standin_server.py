@@ -3,14 +3,19 @@ under test starts it exactly as it starts SGLang (DSAOPS_SERVER_MODULE=standin_s
 
 It prints its arguments, then, like SGLang's tokenizer manager, a `SIGTERM received` line on
 SIGTERM before exiting 0. STANDIN_EXIT=N makes it exit N on its own after printing.
+STANDIN_CHILD_LAST_WORDS=1: on SIGTERM it also leaves a child that writes a line to the same output
+half a second after the stand-in has exited (SGLang's subprocesses log their own shutdown).
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
 
 def _stop(signum, frame):
+    if os.environ.get("STANDIN_CHILD_LAST_WORDS") == "1":
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5); print('child last words', flush=True)"])
     print(f"SIGTERM received. signum={signum}", flush=True)
     sys.exit(0)
 

@@ -68,6 +68,20 @@ def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
     assert metrics(port) == ""
 
 
+def test_the_log_holds_the_servers_last_lines_when_the_entrypoint_exits(tmp_path):
+    """The entrypoint is PID 1 in the image: when it exits, the kernel ends every process left in the
+    container, the one writing SGLang's output to the log included. So it waits for that writer,
+    which ends once SGLang and its children (which log their own shutdown) are gone."""
+    proc = start(tmp_path, "--model-path", "/m", STANDIN_CHILD_LAST_WORDS="1")
+    try:
+        assert wait_for(lambda: "standin pid=" in log_of(tmp_path), 20), proc.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "child last words" in log_of(tmp_path)  # read at once: nothing may still be on its way
+    finally:
+        proc.kill()
+
+
 def test_server_exit_ends_the_container_with_its_status(tmp_path):
     proc = start(tmp_path, "--model-path", "/m", STANDIN_EXIT="3")
     assert proc.wait(timeout=30) == 3
