@@ -15,8 +15,6 @@ from dsaops.kernels import tiles
 from dsaops.cache import cache_dir
 
 FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
-# Splits whose blocks see fewer rows than this cost more in the combine than they win.
-_MIN_TILES_PER_SPLIT = 2
 
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
     """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile (for the row-scaled
@@ -28,7 +26,7 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_s
     configs = {}
     pdl = target.has("pdl")
     if isinstance(tile, tiles.Combine):
-        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl)
+        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl, warp=64 if target.vendor == "amd" else 32)
     elif tile.warp_specialized:
         if row_scaled:
             raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")
@@ -81,15 +79,14 @@ def _device_facts(index: int):
 def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): at least enough that no split
     owns more than tile.index_rows rows (the host pads top-k to a multiple of the split count), then
-    the largest power of two that keeps the grid within one wave of `sm_count` blocks, divides the
-    steps, and leaves each split >= 2 tiles."""
+    the largest power of two that keeps the grid within one wave of `sm_count` blocks and divides the
+    steps, down to one tile a split (H200, S=1: one tile a block took 5.7 us, two 8.2, and the merge
+    of 32 splits costs about what 16 do)."""
     blocks = S * -(-heads // tile.heads_per_block)
-    per_step = tile.rows_per_step // tile.block_rows
     n = 1
     while steps * tile.rows_per_step > n * tile.index_rows:
         n *= 2
-    while (blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0
-           and steps // (n * 2) * per_step >= _MIN_TILES_PER_SPLIT):
+    while blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0:
         n *= 2
     return n
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 D_V = 512
 D_TAILS = (0, 64)
 HEAD_COUNTS = (8, 16, 32, 64, 128)
-MAX_SPLITS = 16  # most splits of top-k the host chooses
+MAX_SPLITS = 32  # most splits of top-k the host chooses (at most a warp: the merge takes one a lane)
 # Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
 # (block_rows, stages)
 _CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
@@ -72,10 +72,9 @@ WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 
 @dataclass(frozen=True)
 class Combine:
-    """The split merge (decode_tl.combine_program), its split loop unrolled to `splits`: a call of
-    n_split <= splits splits runs it. Each unrolled split holds a thread's 16 bytes of that split's
-    output in registers; at S=64 (2 splits) the 16-split merge's 95 registers a thread let 10 of its
-    blocks share an SM and it took 7 us on the H200."""
+    """The split merge (decode_tl.combine_program) for up to `splits` splits: a call of n_split <=
+    splits runs it, with splits / 4 thread groups a block, of which the first ceil(n_split / 4)
+    read rows; the smallest merge that holds a call keeps the idle ones few."""
     splits: int
 
     @property
@@ -83,7 +82,7 @@ class Combine:
         return f"combine_s{self.splits}"
 
 
-COMBINES = (Combine(4), Combine(MAX_SPLITS))
+COMBINES = (Combine(4), Combine(16), Combine(MAX_SPLITS))
 
 
 def combine_for(n_split: int) -> Combine:

@@ -61,18 +61,18 @@ def test_warp_specialised_kernel_is_opt_in(monkeypatch):
 
 
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
-                                                  (1, 16, 16), (64, 16, 2), (128, 128, 1)])
-def test_split_fills_the_sms_without_starving_a_split(S, heads, want):
+                                                  (1, 16, 32), (4, 16, 32), (64, 16, 2), (128, 128, 1)])
+def test_split_fills_the_sms_down_to_a_tile_a_split(S, heads, want):
     tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64)
     steps = 2048 // tile.rows_per_step
     n = choose_split(S, heads, steps, tile, sm_count=132)
     assert n == want
-    assert steps % n == 0 and steps // n * tile.rows_per_step // tile.block_rows >= 2
+    assert steps % n == 0 and steps // n >= 1
     assert n == 1 or S * -(-heads // tile.heads_per_block) * n <= 132  # one wave at most
 
 
 def test_each_split_count_gets_the_smallest_merge_that_holds_it():
-    assert [tiles.combine_for(n).splits for n in (2, 4, 8, 16)] == [4, 4, 16, 16]
+    assert [tiles.combine_for(n).splits for n in (2, 4, 8, 16, 32)] == [4, 4, 16, 16, 32]
     assert tiles.COMBINES[-1].splits == tiles.MAX_SPLITS  # every count choose_split makes has a merge
 
 
@@ -82,7 +82,7 @@ def test_split_keeps_each_splits_row_ids_within_the_tile():
     tile = dataclasses.replace(tiles.choose(targets.get("sm_90"), 64), index_rows=1024)
     assert choose_split(256, 64, 2048 // tile.rows_per_step, tile, sm_count=132) == 2
     assert choose_split(256, 64, 1024 // tile.rows_per_step, tile, sm_count=132) == 1
-    assert choose_split(1, 64, 8192 // tile.rows_per_step, tile, sm_count=132) == 16
+    assert choose_split(1, 64, 8192 // tile.rows_per_step, tile, sm_count=132) == 32
 
 
 @pytest.mark.parametrize(("args", "ok"), [
