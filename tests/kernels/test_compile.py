@@ -100,6 +100,15 @@ def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
     assert "cudaGridDependencySynchronize" not in source and "__global__" in source
 
 
+def test_a_merge_of_more_splits_than_a_warp_has_lanes_is_refused():
+    """The merge reduces the splits' lse in one warp, one split a lane."""
+    from dsaops.kernels import decode_tl
+
+    with pytest.raises(ValueError, match="at most 32 splits, not 64"):
+        decode_tl.combine_program(tiles.D_V, 64)
+    assert tiles.MAX_SPLITS <= 32
+
+
 def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
     """ptxas serializes every wgmma of a kernel (C7514) when an accumulator may be read while a
     product into it is in flight; decode_ws lost 4% on the H200 to one such product."""
