@@ -41,6 +41,11 @@ class Target:
         kind = "cuda" if self.vendor == "nvidia" else "hip"
         return {"kind": kind, "arch" if kind == "cuda" else "mcpu": self.gpu_arch}
 
+    @property
+    def warp_lanes(self) -> int:
+        """Threads of a warp: 32 on NVIDIA, 64 in an AMD CDNA wavefront."""
+        return 32 if self.vendor == "nvidia" else 64
+
 
 @cache
 def table() -> dict[str, Target]:

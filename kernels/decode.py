@@ -26,7 +26,7 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_s
     configs = {}
     pdl = target.has("pdl")
     if isinstance(tile, tiles.Combine):
-        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl, warp=64 if target.vendor == "amd" else 32)
+        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl, warp=target.warp_lanes)
     elif tile.warp_specialized:
         if row_scaled:
             raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")

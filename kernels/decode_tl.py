@@ -235,7 +235,7 @@ def combine_program(d_v: int, splits: int, *, threads: int = 64, pdl: bool = Fal
     with the split count beyond its group's rows: a merge whose every thread read every split's lse
     and rows took 1.6 / 2.3 / 3.3 / 5.6 us at 4 / 8 / 16 / 32 splits on the H200 (an empty kernel
     1.5), ~60 dependent instructions a split in a block of two warps. `warp`: the target's lanes a
-    warp (32; a gfx942 wavefront has 64), at least `splits`."""
+    warp (Target.warp_lanes), at least `splits`."""
     if splits > warp:
         raise ValueError(f"the merge takes one split a lane: at most {warp} splits, not {splits}")
     acc = T.float32

@@ -86,7 +86,7 @@ COMBINES = (Combine(4), Combine(16), Combine(MAX_SPLITS))
 
 
 def combine_for(n_split: int) -> Combine:
-    """The merge a call of n_split splits (2..MAX_SPLITS) runs: the fewest unrolled splits that hold them."""
+    """The merge a call of n_split splits (2..MAX_SPLITS) runs: the smallest that holds them."""
     return next(c for c in COMBINES if n_split <= c.splits)
 
 

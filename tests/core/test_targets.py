@@ -16,6 +16,7 @@ def test_table_has_the_three_targets_with_their_budgets():
     assert t["sm_90"].has("q8_prefill") and not t["sm_121"].has("q8_prefill")
     assert t["sm_90"].tilelang_target == {"kind": "cuda", "arch": "sm_90a"}
     assert t["gfx942"].tilelang_target == {"kind": "hip", "mcpu": "gfx942"}
+    assert (t["sm_90"].warp_lanes, t["sm_121"].warp_lanes, t["gfx942"].warp_lanes) == (32, 32, 64)
 
 
 def test_compute_capability_maps_back_to_a_target():
