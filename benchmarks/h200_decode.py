@@ -155,11 +155,13 @@ def _warm_dsaops(job):
 
 
 def parse_tile(spec):
-    """A `--tiles` entry, heads:rows:stages:threads[:ws], as a Tile."""
+    """A `--tiles` entry, heads:rows:stages:threads[:ws|:vr], as a Tile (ws: warp-specialised; vr: V in
+    registers)."""
     from dsaops.kernels.tiles import Tile
 
-    hb, rows, stages, threads, *ws = spec.split(":")
-    return Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=ws == ["ws"])
+    hb, rows, stages, threads, *kind = spec.split(":")
+    return Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=kind == ["ws"],
+                v_in_registers=kind == ["vr"])
 
 
 def precompile(sglang_root, workers, extra_tiles=()):
@@ -172,7 +174,8 @@ def precompile(sglang_root, workers, extra_tiles=()):
     from dsaops import targets
 
     target = targets.get("sm_90")
-    ours = sorted({(t, 0) for t in [tiles.choose(target, h) for h in HEADS] + list(extra_tiles)}, key=str)
+    chosen = [tiles.choose(target, h, few_queries=few) for h in HEADS for few in (False, True)]
+    ours = sorted({(t, 0) for t in chosen + list(extra_tiles)}, key=str)
     ours += [(c, None) for c in tiles.COMBINES]
     jobs = [(_warm_dsaops, job) for job in ours]
     if sglang_root:
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
     p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     p.add_argument("--tiles", nargs="*", default=[],
-                   help="extra tiles to time as heads:rows:stages:threads[:ws] (printed, not in the JSON)")
+                   help="extra tiles to time as heads:rows:stages:threads[:ws|:vr] (printed, not in the JSON)")
     args = p.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:

@@ -12,13 +12,21 @@ A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps, sp
 rows k*H.. of one [S, n_split*H] tensor; `combine` merges them in fp32. With one split the decode
 kernel's output is the answer as it is (no view a call). Every shape that varies per call
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
+
+Hopper's tiles for the raw layout (tiles.REGISTER_V_TILE) take V from registers instead: no fp16
+copy of V in shared memory, P.V computed transposed by pv_registers.cuh (hand-written CUDA imported
+into the kernel's source), which frees the shared memory for 128-row tiles.
 """
 
+from pathlib import Path
+
 import tilelang.language as T
+from tilelang.layout import make_full_bank_swizzled_layout
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
+PV_REGISTERS = (Path(__file__).parent / "pv_registers.cuh").read_text()  # P.V of tiles with v_in_registers
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
 
 
@@ -75,16 +83,30 @@ def load_q(q, dst, H, s_i, h0, col0):
 
 
 @T.macro
+def reciprocals(row_sum, inv_sum):
+    """One reciprocal a head; 0 for a split with every row masked (row_sum 0): zeros, never NaN."""
+    for h in T.Parallel(row_sum.shape[0]):
+        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+
+
+@T.macro
+def write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2):
+    """A split's natural-log lse a head (-inf where every row was masked)."""
+    for h in T.Parallel(row_sum.shape[0]):
+        if h0 + h < H:
+            lse[s_i, sp * H + h0 + h] = T.if_then_else(
+                row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+
+
+@T.macro
 def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, col0, scale2, with_lse):
     """A split's result: out columns [col0, col0 + width of acc_o) = acc_o / row_sum with one
-    reciprocal a head, and with_lse its natural-log lse. A split with every row masked (row_sum 0)
-    gives zeros and lse = -inf, never NaN. The bf16 rows go through `staged` where given (shared,
-    acc_o's shape with STAGE_PAD more columns: 8 rows of 1,024 B would share their banks) and leave
-    in 16-byte stores: written from the accumulator's layout, 4 bytes a store, the output took 64
-    stores a thread with their addresses, a third of decode_tl's code."""
+    reciprocal a head, and with_lse its natural-log lse. The bf16 rows go through `staged` where
+    given (shared, acc_o's shape with STAGE_PAD more columns: 8 rows of 1,024 B would share their
+    banks) and leave in 16-byte stores: written from the accumulator's layout, 4 bytes a store, the
+    output took 64 stores a thread with their addresses, a third of decode_tl's code."""
     heads, cols = acc_o.shape
-    for h in T.Parallel(heads):
-        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+    reciprocals(row_sum, inv_sum)
     if staged is None:
         for h, d in T.Parallel(heads, cols):
             if h0 + h < H:
@@ -96,15 +118,13 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
             if h0 + h < H:
                 out[s_i, sp * H + h0 + h, col0 + d] = staged[h, d]
     if with_lse:
-        for h in T.Parallel(heads):
-            if h0 + h < H:
-                lse[s_i, sp * H + h0 + h] = T.if_then_else(
-                    row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+        write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2)
 
 
 @T.macro
 def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2):
-    """One tile of online softmax: scores -> probabilities (in acc_s, at most 1), added into sum_part.
+    """One tile of online softmax: scores -> probabilities (in acc_s, at most 1), added into sum_part,
+    and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
     m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
     row max, or with decode_ws the max over both warpgroups' tiles, so that both keep the same m).
 
@@ -120,8 +140,9 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2):
         m[h] = T.max(m[h], m_tile[h])
     for h, r in T.Parallel(heads, rows):
         sum_part[h, r] *= alpha[h]
-    for h, d in T.Parallel(heads, acc_o.shape[1]):
-        acc_o[h, d] *= alpha[h]
+    if acc_o is not None:
+        for h, d in T.Parallel(heads, acc_o.shape[1]):
+            acc_o[h, d] *= alpha[h]
     for h, r in T.Parallel(heads, rows):
         acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
         sum_part[h, r] += acc_s[h, r]
@@ -147,9 +168,16 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     D, Dt = d_v, d_tail
     acc = T.float32
     pv = T.bfloat16 if row_scaled else T.float16
+    regs = tile.v_in_registers
+    if regs and ((HB, tile.threads, D) != (64, 256, 512) or BI not in (64, 128) or row_scaled):
+        raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's 64-head tiles of 64 "
+                         f"or 128 rows, 256 threads and d_v 512, not {tile} with d_v {D}"
+                         + (" row-scaled" if row_scaled else ""))
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+        if regs:
+            T.import_source(PV_REGISTERS)
         q_s = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
         if Dt:
@@ -157,18 +185,26 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             kt_s = T.alloc_shared([BI, Dt], fp8_dtype)
         if row_scaled:
             sc_s = T.alloc_shared([BI], acc)
-        v_s = T.alloc_shared([BI, D], pv)
-        p_s = T.alloc_shared([HB, BI], pv)
+        if not regs:
+            v_s = T.alloc_shared([BI, D], pv)
+        # P by hand (V in registers): blocks of 64 rows, one 128-byte swizzle atom wide each
+        p_s = T.alloc_shared([BI // 64, HB, 64] if regs and BI > 64 else [HB, BI], pv)
+        if regs:  # the product's B operand, read by hand: the layout its descriptor names
+            T.annotate_layout({p_s: make_full_bank_swizzled_layout(p_s)})
         # The split's row ids, loaded once: each tile's gather addresses and masks then come from
         # shared memory instead of a dependent global load (an HBM latency) per tile.
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
 
         acc_s = T.alloc_fragment([HB, BI], acc)
-        acc_o = T.alloc_fragment([HB, D], acc)
+        # O^T in the layout pv_registers.cuh gives it, or O as TileLang lays it out
+        acc_o = T.alloc_local([HB * D // tile.threads], acc) if regs else T.alloc_fragment([HB, D], acc)
         m = T.alloc_fragment([HB], acc)
         m_tile = T.alloc_fragment([HB], acc)
         alpha = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
-        inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
+        # the registers' layout reads the rescale and 1 / sum by head, from shared memory
+        inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared or regs else T.alloc_fragment([HB], acc)
+        if regs:
+            alpha_s = T.alloc_shared([HB], acc)
         sum_part = T.alloc_fragment([HB, BI], acc)
         row_sum = T.alloc_fragment([HB], acc)
 
@@ -201,24 +237,42 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
             if Dt:
                 T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-            for r, d in T.Parallel(BI, D):
-                v_s[r, d] = k_s[r, d].astype(pv)
+            if not regs:
+                for r, d in T.Parallel(BI, D):
+                    v_s[r, d] = k_s[r, d].astype(pv)
             for h, r in T.Parallel(HB, BI):
                 score = acc_s[h, r] * sc_s[r] if row_scaled else acc_s[h, r]
                 acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, score, -T.infinity(acc))
 
             T.reduce_max(acc_s, m_tile, dim=1)
-            online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
+            online_softmax(acc_s, None if regs else acc_o, m, m_tile, alpha, sum_part, scale2)
+            if regs:
+                for h in T.Parallel(HB):
+                    alpha_s[h] = alpha[h]
+                T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
             if row_scaled:
                 for h, r in T.Parallel(HB, BI):
                     p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
+            elif regs and BI > 64:
+                for h, r in T.Parallel(HB, BI):
+                    p_s[r // 64, h, r % 64] = acc_s[h, r]
             else:
                 T.copy(acc_s, p_s)
-            T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
+            if regs:  # rescale by alpha, then O^T += V^T . P^T with V converted from k_s into registers
+                T.call_extern("handle", f"dsaops_pv::tile<{BI}>", T.address_of(acc_o[0]), T.access_ptr(k_s, "r"),
+                              T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
+            else:
+                T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
         T.reduce_sum(sum_part, row_sum, dim=1)
-        staged = T.alloc_shared([HB, D + STAGE_PAD], T.bfloat16)  # TileLang places it over the dead V buffer
-        write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, 0, scale2, True)
+        if regs:
+            reciprocals(row_sum, inv_sum)
+            T.call_extern("handle", "dsaops_pv::store", T.address_of(acc_o[0]),
+                          T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)
+            write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2)
+        else:
+            staged = T.alloc_shared([HB, D + STAGE_PAD], T.bfloat16)  # TileLang places it over the dead V buffer
+            write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, 0, scale2, True)
 
     return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block, pdl)
 

@@ -35,11 +35,12 @@ class Tile:
     threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
     warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two seesaw consumer warpgroups
     index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
+    v_in_registers: bool = False  # P.V with V converted from the fp8 tile into wgmma registers (pv_registers.cuh)
 
     @property
     def name(self) -> str:
         return (f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
-                + (f"_i{self.index_rows}" if self.index_rows != 2048 else ""))
+                + (f"_i{self.index_rows}" if self.index_rows != 2048 else "") + ("_vr" if self.v_in_registers else ""))
 
     @property
     def rows_per_step(self) -> int:
@@ -61,13 +62,24 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
     hb, br = tile.heads_per_block, tile.block_rows
     return (hb * width                  # Q in fp8
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
-            + br * d_v * 2              # V upcast to fp16
+            + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
             + (2 if tile.warp_specialized else 1) * hb * br * 2  # P in fp16 (decode_ws: one per consumer)
             + (0 if tile.warp_specialized else 4 * tile.index_rows)  # the split's row ids
             + _COMPILER_EXTRA)
 
 
 WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
+# Hopper, raw layout, any head count: P.V with V in registers (pv_registers.cuh). Without a V buffer
+# 128-row tiles fit, which halve the barriers and reductions a row (H200, H=64 S=256: 149 us, 159
+# with 64 rows); 64-row tiles where a batch is too small to fill the GPU with 128-row splits
+# (few_queries: S=1 9.6 us against 10.8).
+REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
+REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
+
+
+def few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
+    """Whether S queries leave SMs idle even with one block for every 128 top-k rows of a query."""
+    return S * -(-heads // 64) * -(-topk // REGISTER_V_TILE.block_rows) < sm_count
 
 
 @dataclass(frozen=True)
@@ -90,23 +102,32 @@ def combine_for(n_split: int) -> Combine:
     return next(c for c in COMBINES if n_split <= c.splits)
 
 
-def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None) -> Tile:
+def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None,
+           row_scaled: bool = False, few_queries: bool = False) -> Tile:
     """The tile the dispatch uses for `heads` on `target` (a dsaops.targets.Target).
 
     Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
     warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
     DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
-    202-226 vs 172-191 us at S=256, see BENCHMARKS.md).
+    202-226 vs 172-191 us at S=256, see BENCHMARKS.md). row_scaled: a tile for the row-scaled
+    layout (decode_tl's pipelined kernel with V upcast in shared memory). few_queries: the batch
+    is too small to fill the GPU with the large tile's splits (tiles.few_queries).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
     if warp_specialized is None:
-        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
+        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1" and not row_scaled
     if warp_specialized and hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget:
         return WS_TILE
+    if target.has("wgmma") and not row_scaled:
+        # wgmma's M is 64 a warpgroup: fewer heads are padded to 64 (H200, H=16: 134.5 us at S=256
+        # against 172.3 for the 16-head tile of mma.sync products; 8.6 against 7.6 at S=1)
+        tile = REGISTER_V_TILE_FEW_QUERIES if few_queries else REGISTER_V_TILE
+        if smem_bytes(tile, d_tail) <= budget:
+            return tile
     if hb == 32 and target.has("wgmma"):
-        # wgmma's M is 64 a warpgroup: a 32-head block leaves its products half empty and measured
-        # slower than 64 heads with 32 of them padded (H200, BENCHMARKS.md)
+        # a 32-head block leaves wgmma's products half empty and measured slower than 64 heads with
+        # 32 of them padded (H200, BENCHMARKS.md)
         hb = 64
     # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
     # the heads fits: gfx942's 64 KB of LDS.
@@ -121,7 +142,12 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
 
 
 def configurations(target) -> list[tuple[int, int, Tile]]:
-    """Every (heads, d_tail, tile) the dispatch can choose on `target` (top-k and S are symbolic),
-    the opt-in warp-specialised tile included."""
-    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws))
-                              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True)))
+    """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout (top-k and
+    S are symbolic), the opt-in warp-specialised tile included."""
+    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws, few_queries=few))
+                              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True) for few in (False, True)))
+
+
+def row_scaled_configurations(target) -> list[tuple[int, int, Tile]]:
+    """Every (heads, d_tail, tile) the dispatch can choose on `target` for the row-scaled layout."""
+    return list(dict.fromkeys((h, dt, choose(target, h, row_scaled=True)) for h in HEAD_COUNTS for dt in D_TAILS))

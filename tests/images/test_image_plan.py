@@ -159,6 +159,7 @@ def test_dsaops_wheel_comes_from_the_sources_and_is_reproducible(tmp_path):
     names = zipfile.ZipFile(first).namelist()
     assert "dsaops/sglang_patches/series" in names
     assert all(f"dsaops/sglang_patches/{p.name}" in names for p in load().patches)
+    assert "dsaops/kernels/pv_registers.cuh" in names  # read by the Hopper decode kernel's compile
     assert not any(n.startswith(("tests/", "images/")) for n in names)
 
 

@@ -16,7 +16,8 @@ from dsaops.cache import cache_dir
 from dsaops.cli import main as dsaops_main
 
 CACHE = str(cache_dir("tilelang"))
-# sm_90's 16-head tile (64-row, 2-deep ring): ~150 KB, far over GB10's 101,376 B
+# a 16-head tile of 64 rows with a 2-deep ring (sm_90's choice for the row-scaled layout): ~150 KB,
+# far over GB10's 101,376 B
 OVERSIZED_FOR_SM121 = tiles.Tile(16, 64, 2, 256)
 
 
@@ -31,7 +32,7 @@ def built():
     out["control"] = control
     for name in ("sm_90", "sm_121"):  # the row-scaled layout's kernels (NoPE, the layout GLM-5.3-Flash has)
         t = targets.get(name)
-        jobs = sorted({(tiles.choose(t, h, warp_specialized=False), 0) for h in tiles.HEAD_COUNTS}, key=str)
+        jobs = sorted({(tile, 0) for _, d_tail, tile in tiles.row_scaled_configurations(t) if d_tail == 0}, key=str)
         out[name + " row-scaled"] = cli.build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
     return out
 

@@ -30,8 +30,8 @@ def test_tiles_come_from_the_targets_table(heads, block_heads):
             want = block_heads
             if name == "gfx942" and block_heads == 64:
                 want = 32  # its 64 KB of LDS holds no 64-head tile: two 32-head blocks a query
-            if t.has("wgmma") and block_heads == 32:
-                want = 64  # wgmma's M is 64: 32 heads padded to a 64-head block
+            if t.has("wgmma"):
+                want = 64  # wgmma's M is 64: fewer heads padded to a 64-head block
             assert tile.heads_per_block == want
             assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
             # only Hopper (wgmma in its features) can take the warp-specialised kernel, for full blocks
@@ -60,10 +60,38 @@ def test_warp_specialised_kernel_is_opt_in(monkeypatch):
     assert tiles.WS_TILE in {tile for _, _, tile in tiles.configurations(hopper)}  # compiled in CI too
 
 
+def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
+    hopper = targets.get("sm_90")
+    for heads in tiles.HEAD_COUNTS:
+        assert tiles.choose(hopper, heads) == tiles.REGISTER_V_TILE
+        assert tiles.choose(hopper, heads, few_queries=True) == tiles.REGISTER_V_TILE_FEW_QUERIES
+        assert not tiles.choose(hopper, heads, row_scaled=True).v_in_registers  # its P.V scales P per row
+        for name in ("sm_121", "gfx942"):  # no wgmma: the register operand is a Hopper product's
+            assert not tiles.choose(targets.get(name), heads).v_in_registers
+    rows = {tile.block_rows for _, _, tile in tiles.configurations(hopper) if tile.v_in_registers}
+    assert rows == {64, 128}  # both compiled in CI
+
+
+@pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (8, 64, True), (9, 64, False), (16, 16, False),
+                                                 (4, 128, True), (5, 128, False)])
+def test_few_queries_is_when_128_row_splits_cannot_fill_the_sms(S, heads, few):
+    assert tiles.few_queries(S, heads, 2048, sm_count=132) is few
+
+
+def test_v_in_registers_is_refused_where_it_was_not_written_for():
+    from dsaops.kernels import decode_tl
+
+    for tile, row_scaled in ((tiles.REGISTER_V_TILE, True), (dataclasses.replace(tiles.REGISTER_V_TILE, block_rows=32), False),
+                             (dataclasses.replace(tiles.REGISTER_V_TILE, heads_per_block=32), False)):
+        with pytest.raises(ValueError, match="V from registers"):
+            decode_tl.decode_program(tile, 512, 0, row_scaled=row_scaled)
+
+
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
                                                   (1, 16, 32), (4, 16, 32), (64, 16, 2), (128, 128, 1)])
 def test_split_fills_the_sms_down_to_a_tile_a_split(S, heads, want):
-    tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64)
+    few = tiles.few_queries(S, heads, 2048, sm_count=132)
+    tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64, few_queries=few)
     steps = 2048 // tile.rows_per_step
     n = choose_split(S, heads, steps, tile, sm_count=132)
     assert n == want

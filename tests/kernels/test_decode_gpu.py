@@ -133,16 +133,22 @@ def test_bad_input_says_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
 
 
-@pytest.mark.parametrize("H", [64, 128])
+@pytest.mark.parametrize(("tile", "H"), [(tiles.WS_TILE, 64), (tiles.WS_TILE, 128),
+                                         (tiles.REGISTER_V_TILE, 16), (tiles.REGISTER_V_TILE, 128),
+                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 16),
+                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 128)],
+                         ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 40])
-def test_warp_specialised_kernel_matches_reference(H, d_tail, S):
-    """The opt-in Hopper kernel (DSAOPS_DECODE_WS=1): spread case, masked rows, an all-masked query."""
+def test_each_hopper_tile_matches_reference(tile, H, d_tail, S):
+    """Each Hopper tile at any batch size, whichever the dispatch would choose there (the opt-in
+    warp-specialised kernel, DSAOPS_DECODE_WS=1, and both V-in-registers tiles): spread case,
+    masked rows, an all-masked query."""
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.2, -1, idx).to(torch.int32)
     idx[-1] = -1
     scale = (D_V + d_tail) ** -0.5
-    out, lse = decode_with_tile(q, kv, idx, scale, D_V, True, tile=tiles.WS_TILE)
+    out, lse = decode_with_tile(q, kv, idx, scale, D_V, True, tile=tile)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
     assert not torch.isnan(out).any()
     assert (out[-1] == 0).all() and torch.isneginf(lse[-1]).all()
