@@ -165,8 +165,9 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     import torch
 
     target, sm_count = _device_facts(device_index)
-    # the warp-specialised kernel reads the raw layout only; None: DSAOPS_DECODE_WS decides
-    tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=tiles.few_queries(S, H, topk, sm_count))
+    # the batch size picks between Hopper's two tiles; DSAOPS_DECODE_WS, the opt-in seesaw (raw layout)
+    few = tiles.too_few_queries(S, H, topk, sm_count)
+    tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=few)
     n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     rows = tile.rows_per_step * n_split
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),

@@ -72,12 +72,12 @@ WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 # Hopper, raw layout, any head count: P.V with V in registers (pv_registers.cuh). Without a V buffer
 # 128-row tiles fit, which halve the barriers and reductions a row (H200, H=64 S=256: 149 us, 159
 # with 64 rows); 64-row tiles where a batch is too small to fill the GPU with 128-row splits
-# (few_queries: S=1 9.6 us against 10.8).
+# (too_few_queries: S=1 9.6 us against 10.8).
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
 REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 
 
-def few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
+def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
     """Whether S queries leave SMs idle even with one block for every 128 top-k rows of a query."""
     return S * -(-heads // 64) * -(-topk // REGISTER_V_TILE.block_rows) < sm_count
 
@@ -111,7 +111,7 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
     202-226 vs 172-191 us at S=256, see BENCHMARKS.md). row_scaled: a tile for the row-scaled
     layout (decode_tl's pipelined kernel with V upcast in shared memory). few_queries: the batch
-    is too small to fill the GPU with the large tile's splits (tiles.few_queries).
+    is too small to fill the GPU with the large tile's splits (too_few_queries).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes

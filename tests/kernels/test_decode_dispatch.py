@@ -75,7 +75,7 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (8, 64, True), (9, 64, False), (16, 16, False),
                                                  (4, 128, True), (5, 128, False)])
 def test_few_queries_is_when_128_row_splits_cannot_fill_the_sms(S, heads, few):
-    assert tiles.few_queries(S, heads, 2048, sm_count=132) is few
+    assert tiles.too_few_queries(S, heads, 2048, sm_count=132) is few
 
 
 def test_v_in_registers_is_refused_where_it_was_not_written_for():
@@ -90,7 +90,7 @@ def test_v_in_registers_is_refused_where_it_was_not_written_for():
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
                                                   (1, 16, 32), (4, 16, 32), (64, 16, 2), (128, 128, 1)])
 def test_split_fills_the_sms_down_to_a_tile_a_split(S, heads, want):
-    few = tiles.few_queries(S, heads, 2048, sm_count=132)
+    few = tiles.too_few_queries(S, heads, 2048, sm_count=132)
     tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64, few_queries=few)
     steps = 2048 // tile.rows_per_step
     n = choose_split(S, heads, steps, tile, sm_count=132)
