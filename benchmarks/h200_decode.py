@@ -174,7 +174,7 @@ def precompile(sglang_root, workers, extra_tiles=()):
     from dsaops import targets
 
     target = targets.get("sm_90")
-    chosen = [tiles.choose(target, h, few_queries=few) for h in HEADS for few in (False, True)]
+    chosen = [t for _, dt, t in tiles.configurations(target) if dt == 0 and not t.warp_specialized]
     ours = sorted({(t, 0) for t in chosen + list(extra_tiles)}, key=str)
     ours += [(c, None) for c in tiles.COMBINES]
     jobs = [(_warm_dsaops, job) for job in ours]

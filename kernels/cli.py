@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 _SMEM_ARG = re.compile(r"v_int64\) = \(\(int64_t\)(\d+)\);")
 _STATIC_SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+\w+\[(\d+)\];")
+PDL_WAIT = "cudaGridDependencySynchronize"  # TileLang's device code for T.pdl_sync (programmatic dependent launch)
 _TYPE_BYTES = {"signed char": 1, "char": 1, "uchar": 1, "bool": 1, "half_t": 2, "bfloat16_t": 2,
                "float": 4, "int": 4, "uint": 4, "double": 8, "uint64_t": 8}  # uint64_t: mbarriers
 
@@ -83,7 +84,7 @@ def _build(job) -> tuple:
 
         report = ptxas.report(device, target.gpu_arch)
     return (tile, d_tail, shared_memory_bytes(kernel.get_host_source(), device, name), "wgmma" in device,
-            "cudaGridDependencySynchronize" in device, report)
+            PDL_WAIT in device, report)
 
 
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,

@@ -26,7 +26,7 @@ from tilelang.layout import make_full_bank_swizzled_layout
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
-PV_REGISTERS = (Path(__file__).parent / "pv_registers.cuh").read_text()  # P.V of tiles with v_in_registers
+PV_REGISTERS = Path(__file__).parent / "pv_registers.cuh"  # P.V of tiles with v_in_registers
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
 
 
@@ -173,11 +173,12 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's 64-head tiles of 64 "
                          f"or 128 rows, 256 threads and d_v 512, not {tile} with d_v {D}"
                          + (" row-scaled" if row_scaled else ""))
+    pv_source = PV_REGISTERS.read_text() if regs else None  # read once a program, only where it is used
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
         if regs:
-            T.import_source(PV_REGISTERS)
+            T.import_source(pv_source)
         q_s = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
         if Dt:

@@ -79,7 +79,8 @@ REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
     """Whether S queries leave SMs idle even with one block for every 128 top-k rows of a query."""
-    return S * -(-heads // 64) * -(-topk // REGISTER_V_TILE.block_rows) < sm_count
+    big = REGISTER_V_TILE
+    return S * -(-heads // big.heads_per_block) * -(-topk // big.block_rows) < sm_count
 
 
 @dataclass(frozen=True)
@@ -110,14 +111,16 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
     DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
     202-226 vs 172-191 us at S=256, see BENCHMARKS.md). row_scaled: a tile for the row-scaled
-    layout (decode_tl's pipelined kernel with V upcast in shared memory). few_queries: the batch
-    is too small to fill the GPU with the large tile's splits (too_few_queries).
+    layout (decode_tl's pipelined kernel with V upcast in shared memory; never the warp-specialised
+    one, which reads the raw layout only). few_queries: the batch is too small to fill the GPU with
+    the large tile's splits (too_few_queries).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
     if warp_specialized is None:
-        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1" and not row_scaled
-    if warp_specialized and hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget:
+        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
+    ws_fits = hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget
+    if warp_specialized and not row_scaled and ws_fits:
         return WS_TILE
     if target.has("wgmma") and not row_scaled:
         # wgmma's M is 64 a warpgroup: fewer heads are padded to 64 (H200, H=16: 134.5 us at S=256
@@ -141,13 +144,9 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     raise ValueError(f"no decode tile for {heads} heads fits {target.name}'s {budget} B of shared memory")
 
 
-def configurations(target) -> list[tuple[int, int, Tile]]:
-    """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout (top-k and
-    S are symbolic), the opt-in warp-specialised tile included."""
-    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws, few_queries=few))
+def configurations(target, row_scaled: bool = False) -> list[tuple[int, int, Tile]]:
+    """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout, or the
+    row-scaled one (top-k and S are symbolic; every batch size's tile and the opt-in
+    warp-specialised one included)."""
+    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws, row_scaled=row_scaled, few_queries=few))
                               for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True) for few in (False, True)))
-
-
-def row_scaled_configurations(target) -> list[tuple[int, int, Tile]]:
-    """Every (heads, d_tail, tile) the dispatch can choose on `target` for the row-scaled layout."""
-    return list(dict.fromkeys((h, dt, choose(target, h, row_scaled=True)) for h in HEAD_COUNTS for dt in D_TAILS))

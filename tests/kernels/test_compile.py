@@ -32,7 +32,7 @@ def built():
     out["control"] = control
     for name in ("sm_90", "sm_121"):  # the row-scaled layout's kernels (NoPE, the layout GLM-5.3-Flash has)
         t = targets.get(name)
-        jobs = sorted({(tile, 0) for _, d_tail, tile in tiles.row_scaled_configurations(t) if d_tail == 0}, key=str)
+        jobs = sorted({(tile, 0) for _, d_tail, tile in tiles.configurations(t, row_scaled=True) if d_tail == 0}, key=str)
         out[name + " row-scaled"] = cli.build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
     return out
 
@@ -98,7 +98,7 @@ def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
     sm90 = targets.get("sm_90")
     plain = dataclasses.replace(sm90, features=tuple(f for f in sm90.features if f != "pdl"))
     source = decode.compile_kernel(plain, tiles.COMBINES[0], None).get_kernel_source()
-    assert "cudaGridDependencySynchronize" not in source and "__global__" in source
+    assert cli.PDL_WAIT not in source and "__global__" in source
 
 
 def test_a_merge_of_more_splits_than_a_warp_has_lanes_is_refused():

@@ -70,6 +70,9 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
             assert not tiles.choose(targets.get(name), heads).v_in_registers
     rows = {tile.block_rows for _, _, tile in tiles.configurations(hopper) if tile.v_in_registers}
     assert rows == {64, 128}  # both compiled in CI
+    # the row-scaled layout's kernels: neither V in registers nor the raw-layout-only seesaw, even when asked
+    assert not tiles.choose(hopper, 64, warp_specialized=True, row_scaled=True).warp_specialized
+    assert not any(t.v_in_registers or t.warp_specialized for _, _, t in tiles.configurations(hopper, row_scaled=True))
 
 
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (8, 64, True), (9, 64, False), (16, 16, False),
