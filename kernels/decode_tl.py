@@ -15,7 +15,9 @@ kernel's output is the answer as it is (no view a call). Every shape that varies
 
 Hopper's tiles for the raw layout (tiles.REGISTER_V_TILE) take V from registers instead: no fp16
 copy of V in shared memory, P.V computed transposed by pv_registers.cuh (hand-written CUDA imported
-into the kernel's source), which frees the shared memory for 128-row tiles.
+into the kernel's source), which frees the shared memory for 128-row tiles. Its narrow tiles
+(tiles.NARROW_TILES, 16 or 32 heads) compute the scores transposed too, S^T = K . Q^T, so that both
+products take the heads as N instead of padding them to wgmma's M of 64.
 """
 
 from pathlib import Path
@@ -122,7 +124,7 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
 
 
 @T.macro
-def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2):
+def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=False):
     """One tile of online softmax: scores -> probabilities (in acc_s, at most 1), added into sum_part,
     and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
     m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
@@ -133,19 +135,26 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2):
     S >= 64: its block-uniform branch needed a shared flag and two more barriers a tile, which cost
     more than the 128 multiplies a thread they saved. sum_part has acc_s's shape: each thread sums
     its own columns, and the caller reduces it across threads once, after the last tile (a
-    reduction a tile cost two cross-warpgroup exchanges through shared memory)."""
-    heads, rows = acc_s.shape
+    reduction a tile cost two cross-warpgroup exchanges through shared memory).
+    transposed: acc_s and sum_part are [rows, heads] (decode_program's narrow tiles)."""
+    heads = m.shape[0]
+    rows = acc_s.shape[0 if transposed else 1]
     for h in T.Parallel(heads):
         alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
         m[h] = T.max(m[h], m_tile[h])
-    for h, r in T.Parallel(heads, rows):
-        sum_part[h, r] *= alpha[h]
     if acc_o is not None:
         for h, d in T.Parallel(heads, acc_o.shape[1]):
             acc_o[h, d] *= alpha[h]
-    for h, r in T.Parallel(heads, rows):
-        acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-        sum_part[h, r] += acc_s[h, r]
+    if transposed:
+        for r, h in T.Parallel(rows, heads):
+            sum_part[r, h] = sum_part[r, h] * alpha[h] + T.exp2(acc_s[r, h] * scale2 - m[h] * scale2)
+            acc_s[r, h] = T.exp2(acc_s[r, h] * scale2 - m[h] * scale2)
+    else:
+        for h, r in T.Parallel(heads, rows):
+            sum_part[h, r] *= alpha[h]
+        for h, r in T.Parallel(heads, rows):
+            acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
+            sum_part[h, r] += acc_s[h, r]
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
@@ -169,10 +178,15 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     acc = T.float32
     pv = T.bfloat16 if row_scaled else T.float16
     regs = tile.v_in_registers
-    if regs and ((HB, tile.threads, D) != (64, 256, 512) or BI not in (64, 128) or row_scaled):
-        raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's 64-head tiles of 64 "
-                         f"or 128 rows, 256 threads and d_v 512, not {tile} with d_v {D}"
-                         + (" row-scaled" if row_scaled else ""))
+    # Fewer heads than wgmma's 64-row M: the scores are computed transposed, S^T = K . Q^T, with the
+    # heads as N (16 or 32) instead of padded to 64, and P.V with N = heads too (pv_registers.cuh)
+    narrow = tile.transposed_scores
+    if regs and (HB not in (16, 32, 64) or tile.threads != 256 or D != 512 or BI not in (64, 128) or row_scaled
+                 or (narrow and BI != 128)):
+        raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
+                         f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "
+                         f"256 threads and d_v 512, not {tile} with d_v {D}" + (" row-scaled" if row_scaled else ""))
+    score_shape = [BI, HB] if narrow else [HB, BI]
     pv_source = PV_REGISTERS.read_text() if regs else None  # read once a program, only where it is used
 
     @T.macro
@@ -196,7 +210,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         # shared memory instead of a dependent global load (an HBM latency) per tile.
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
 
-        acc_s = T.alloc_fragment([HB, BI], acc)
+        acc_s = T.alloc_fragment(score_shape, acc)
         # O^T in the layout pv_registers.cuh gives it, or O as TileLang lays it out
         acc_o = T.alloc_local([HB * D // tile.threads], acc) if regs else T.alloc_fragment([HB, D], acc)
         m = T.alloc_fragment([HB], acc)
@@ -206,7 +220,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared or regs else T.alloc_fragment([HB], acc)
         if regs:
             alpha_s = T.alloc_shared([HB], acc)
-        sum_part = T.alloc_fragment([HB, BI], acc)
+        sum_part = T.alloc_fragment(score_shape, acc)
         row_sum = T.alloc_fragment([HB], acc)
 
         h0 = hb * HB
@@ -235,18 +249,28 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 for r in T.Parallel(BI):
                     sc_s[r] = kv_scale[ids[base + r]]
 
-            T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-            if Dt:
-                T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-            if not regs:
-                for r, d in T.Parallel(BI, D):
-                    v_s[r, d] = k_s[r, d].astype(pv)
-            for h, r in T.Parallel(HB, BI):
-                score = acc_s[h, r] * sc_s[r] if row_scaled else acc_s[h, r]
-                acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, score, -T.infinity(acc))
+            if narrow:  # S^T = K . Q^T: each warpgroup's product is 64 rows (M) by the heads (N)
+                T.gemm(k_s, q_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                if Dt:
+                    T.gemm(kt_s, qt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                for r, h in T.Parallel(BI, HB):
+                    acc_s[r, h] = T.if_then_else(ids[base + r] >= 0, acc_s[r, h], -T.infinity(acc))
+                # a head's rows span all 8 warps: one exchange for all of a thread's heads (H200, H=16
+                # S=256: 104 us; one exchange a head, 6 barriers each, 108)
+                T.reduce_max(acc_s, m_tile, dim=0, batch=HB // 4)
+            else:
+                T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
+                if Dt:
+                    T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                if not regs:
+                    for r, d in T.Parallel(BI, D):
+                        v_s[r, d] = k_s[r, d].astype(pv)
+                for h, r in T.Parallel(HB, BI):
+                    score = acc_s[h, r] * sc_s[r] if row_scaled else acc_s[h, r]
+                    acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, score, -T.infinity(acc))
+                T.reduce_max(acc_s, m_tile, dim=1)
 
-            T.reduce_max(acc_s, m_tile, dim=1)
-            online_softmax(acc_s, None if regs else acc_o, m, m_tile, alpha, sum_part, scale2)
+            online_softmax(acc_s, None if regs else acc_o, m, m_tile, alpha, sum_part, scale2, transposed=narrow)
             if regs:
                 for h in T.Parallel(HB):
                     alpha_s[h] = alpha[h]
@@ -254,21 +278,24 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             if row_scaled:
                 for h, r in T.Parallel(HB, BI):
                     p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
+            elif narrow:
+                for r, h in T.Parallel(BI, HB):
+                    p_s[r // 64, h, r % 64] = acc_s[r, h]
             elif regs and BI > 64:
                 for h, r in T.Parallel(HB, BI):
                     p_s[r // 64, h, r % 64] = acc_s[h, r]
             else:
                 T.copy(acc_s, p_s)
             if regs:  # rescale by alpha, then O^T += V^T . P^T with V converted from k_s into registers
-                T.call_extern("handle", f"dsaops_pv::tile<{BI}>", T.address_of(acc_o[0]), T.access_ptr(k_s, "r"),
+                T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}>", T.address_of(acc_o[0]), T.access_ptr(k_s, "r"),
                               T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
             else:
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
-        T.reduce_sum(sum_part, row_sum, dim=1)
+        T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
         if regs:
             reciprocals(row_sum, inv_sum)
-            T.call_extern("handle", "dsaops_pv::store", T.address_of(acc_o[0]),
+            T.call_extern("handle", f"dsaops_pv::store<{HB}>", T.address_of(acc_o[0]),
                           T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)
             write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2)
         else:

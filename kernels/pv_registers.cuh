@@ -1,15 +1,16 @@
-// P.V of decode_tl's 64-head Hopper tiles with V taken from registers (imported into the kernel's
-// CUDA source by decode_tl.decode_program; TileLang runs everything else of the tile).
+// P.V of decode_tl's Hopper tiles with V taken from registers (imported into the kernel's CUDA
+// source by decode_tl.decode_program; TileLang runs everything else of the tile).
 //
 // fp16 wgmma takes its A operand from registers, so the product is computed transposed:
 // O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T converted from the fp8 tile in shared memory
 // straight into registers (no fp16 copy of V in shared memory: on the H200 that upcast, its stores
 // and the product's reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P,
-// [heads][rows] fp16 in shared memory (K-major). Each warpgroup owns 256 of the 512 output
-// columns: 4 m64n64k16 products a k-step.
+// [HEADS][rows] fp16 in shared memory (K-major). The heads are the products' N, so a block of 16
+// or 32 heads runs 16- or 32-wide products instead of 64 with the heads padded. Each warpgroup owns
+// 256 of the 512 output columns: 4 m64 x HEADS x k16 products a k-step.
 //
 // Which output column a register row stands for is ours to choose. Thread (warpgroup g, warp w,
-// lane l) holds, for m-tile t (0..3) and accumulator register j*4 + i*2 + c of it:
+// lane l) holds, for m-tile t (0..3) and accumulator register j*4 + i*2 + c of it (j < HEADS / 8):
 //   head   h = 8j + 2(l % 4) + c
 //   column d = 256g + 64w + 8(l / 4) + 2t + i
 // so the 8 columns a thread holds of each head are consecutive: one 8-byte shared load a KV row
@@ -22,8 +23,11 @@
 
 namespace dsaops_pv {
 
-constexpr int kRegs = 128;  // accumulator floats a thread (4 m-tiles of 32)
 constexpr int kDv = 512;
+
+// Accumulator floats a thread: 4 m-tiles of HEADS / 2 (64 x HEADS over a warpgroup's 128 threads).
+template <int HEADS>
+constexpr int kRegs = 2 * HEADS;
 
 // Byte offset of (row r, column c) in TileLang's layout of a [rows, 512] fp8 K-major wgmma operand
 // (the QK^T product's B, which this reads as V): 128-byte swizzle, column blocks of 128 B x rows,
@@ -70,29 +74,31 @@ __device__ __forceinline__ void settle() { tl::warpgroup_wait<0>(); }
 
 // One tile: acc *= alpha (the online softmax's rescale, per head, from shared memory), then
 // acc += V^T . P^T over the tile's ROWS rows, left in flight (settle). p: ROWS / 64 blocks of
-// [64 heads][64 rows] fp16, 128-byte swizzled rows. The fp8 tile is read before this returns: its
+// [HEADS heads][64 rows] fp16, 128-byte swizzled rows. The fp8 tile is read before this returns: its
 // buffer may be refilled.
-template <int ROWS>
+template <int ROWS, int HEADS>
 __device__ __forceinline__ void tile(float* acc, const void* kv_tile, const void* p, const float* alpha) {
   static_assert(ROWS % 64 == 0, "P comes in blocks of 64 rows");
+  static_assert(HEADS % 16 == 0 && HEADS <= 64, "heads come in 8-row groups of the 128-byte swizzle");
+  constexpr int kPerTile = HEADS / 2;
   const int hq = 2 * (threadIdx.x & 3);
   settle();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < HEADS / 8; ++j) {
     const float2 s = *reinterpret_cast<const float2*>(alpha + 8 * j + hq);
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        acc[t * 32 + j * 4 + i * 2] *= s.x;
-        acc[t * 32 + j * 4 + i * 2 + 1] *= s.y;
+        acc[t * kPerTile + j * 4 + i * 2] *= s.x;
+        acc[t * kPerTile + j * 4 + i * 2 + 1] *= s.y;
       }
     }
   }
   tl::GmmaDescriptor desc;
   tl::initialize_wgmma_descriptor<1, 1, 64>(desc, p);  // 128-byte swizzle, 8-row groups 1,024 B apart
   uint32_t a[2][4][4];  // two k-steps' fragments: one converts while the other's products run
-  tl::warpgroup_fence_operand(acc, kRegs);
+  tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
   tl::fence_proxy_async();  // P was written by ordinary stores; the product reads it asynchronously
 #pragma unroll
   for (int k = 0; k < ROWS / 16; ++k) {
@@ -101,23 +107,25 @@ __device__ __forceinline__ void tile(float* acc, const void* kv_tile, const void
     tl::warpgroup_arrive();
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 64, 64, 16, false, false>(
-          a[k % 2][t], uint64_t(desc + (((k / 4) * 8192 + (k % 4) * 32) >> 4)), reinterpret_cast<uint32_t*>(acc + 32 * t),
-          true);
+      tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 64, HEADS, 16, false, false>(
+          a[k % 2][t], uint64_t(desc + (((k / 4) * HEADS * 128 + (k % 4) * 32) >> 4)),
+          reinterpret_cast<uint32_t*>(acc + kPerTile * t), true);
     }
     tl::warpgroup_commit_batch();
   }
-  tl::warpgroup_fence_operand(acc, kRegs);
+  tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
 }
 
 // out: the block's first head row of [heads, 512] bf16 rows; acc / row sum (inv_sum, shared) for
 // the first `heads` heads, 16-byte stores.
+template <int HEADS>
 __device__ __forceinline__ void store(float* acc, void* out, const float* inv_sum, int heads) {
+  constexpr int kPerTile = HEADS / 2;
   settle();
-  tl::warpgroup_fence_operand(acc, kRegs);
+  tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
   const int hq = 2 * (threadIdx.x & 3), c0 = first_column();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < HEADS / 8; ++j) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int h = 8 * j + hq + c;
@@ -126,7 +134,8 @@ __device__ __forceinline__ void store(float* acc, void* out, const float* inv_su
         uint32_t w[4];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-          const __nv_bfloat162 v = __floats2bfloat162_rn(acc[t * 32 + j * 4 + c] * s, acc[t * 32 + j * 4 + 2 + c] * s);
+          const __nv_bfloat162 v =
+              __floats2bfloat162_rn(acc[t * kPerTile + j * 4 + c] * s, acc[t * kPerTile + j * 4 + 2 + c] * s);
           w[t] = *reinterpret_cast<const uint32_t*>(&v);
         }
         *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + h * kDv + c0) = make_uint4(w[0], w[1], w[2], w[3]);

@@ -43,6 +43,12 @@ class Tile:
                 + (f"_i{self.index_rows}" if self.index_rows != 2048 else "") + ("_vr" if self.v_in_registers else ""))
 
     @property
+    def transposed_scores(self) -> bool:
+        """Fewer heads than wgmma's M of 64 with V in registers: S^T = K . Q^T with the heads as the
+        products' N (decode_tl's narrow tiles) instead of padded to 64."""
+        return self.v_in_registers and self.heads_per_block < 64
+
+    @property
     def rows_per_step(self) -> int:
         """Top-k granularity of a split: the warp-specialised kernel handles tiles in pairs."""
         return self.block_rows * (2 if self.warp_specialized else 1)
@@ -65,6 +71,9 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
             + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
             + (2 if tile.warp_specialized else 1) * hb * br * 2  # P in fp16 (decode_ws: one per consumer)
             + (0 if tile.warp_specialized else 4 * tile.index_rows)  # the split's row ids
+            # transposed scores: the row max exchanges 4 B a thread for each head it holds (hb / 4),
+            # where other tiles' reductions exchange 4 B (counted in the extra)
+            + (tile.threads * (hb - 4) if tile.transposed_scores else 0)
             + _COMPILER_EXTRA)
 
 
@@ -75,6 +84,9 @@ WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 # (too_few_queries: S=1 9.6 us against 10.8).
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
 REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
+# Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
+# heads as wgmma's N, instead of padded to 64 (decode_tl.decode_program's narrow tiles)
+NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
@@ -123,9 +135,14 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     if warp_specialized and not row_scaled and ws_fits:
         return WS_TILE
     if target.has("wgmma") and not row_scaled:
-        # wgmma's M is 64 a warpgroup: fewer heads are padded to 64 (H200, H=16: 134.5 us at S=256
-        # against 172.3 for the 16-head tile of mma.sync products; 8.6 against 7.6 at S=1)
-        tile = REGISTER_V_TILE_FEW_QUERIES if few_queries else REGISTER_V_TILE
+        # 16 or 32 heads a block: the narrow tiles, the heads as the products' N (H200, S=256: 104 /
+        # 123 us at H=16 / 32 against 135 / 137 with the heads padded to 64). A batch too small to
+        # fill the SMs takes the 64-row tile, its heads padded to wgmma's M of 64 (the narrow tiles'
+        # products need 128 rows, 64 a warpgroup)
+        if few_queries:
+            tile = REGISTER_V_TILE_FEW_QUERIES
+        else:
+            tile = NARROW_TILES[hb] if hb < 64 else REGISTER_V_TILE
         if smem_bytes(tile, d_tail) <= budget:
             return tile
     if hb == 32 and target.has("wgmma"):

@@ -30,9 +30,9 @@ def test_tiles_come_from_the_targets_table(heads, block_heads):
             want = block_heads
             if name == "gfx942" and block_heads == 64:
                 want = 32  # its 64 KB of LDS holds no 64-head tile: two 32-head blocks a query
-            if t.has("wgmma"):
-                want = 64  # wgmma's M is 64: fewer heads padded to a 64-head block
             assert tile.heads_per_block == want
+            if t.has("wgmma"):  # too few queries for the 128-row tiles: wgmma's M of 64 pads the heads
+                assert tiles.choose(t, heads, warp_specialized=ws, few_queries=True).heads_per_block == 64
             assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
             # only Hopper (wgmma in its features) can take the warp-specialised kernel, for full blocks
             assert tile.warp_specialized == (ws and t.has("wgmma") and block_heads == 64)
@@ -63,7 +63,8 @@ def test_warp_specialised_kernel_is_opt_in(monkeypatch):
 def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
     hopper = targets.get("sm_90")
     for heads in tiles.HEAD_COUNTS:
-        assert tiles.choose(hopper, heads) == tiles.REGISTER_V_TILE
+        hb = tiles.heads_per_block(heads)
+        assert tiles.choose(hopper, heads) == (tiles.NARROW_TILES[hb] if hb < 64 else tiles.REGISTER_V_TILE)
         assert tiles.choose(hopper, heads, few_queries=True) == tiles.REGISTER_V_TILE_FEW_QUERIES
         assert not tiles.choose(hopper, heads, row_scaled=True).v_in_registers  # its P.V scales P per row
         for name in ("sm_121", "gfx942"):  # no wgmma: the register operand is a Hopper product's
@@ -85,7 +86,10 @@ def test_v_in_registers_is_refused_where_it_was_not_written_for():
     from dsaops.kernels import decode_tl
 
     for tile, row_scaled in ((tiles.REGISTER_V_TILE, True), (dataclasses.replace(tiles.REGISTER_V_TILE, block_rows=32), False),
-                             (dataclasses.replace(tiles.REGISTER_V_TILE, heads_per_block=32), False)):
+                             (dataclasses.replace(tiles.REGISTER_V_TILE, heads_per_block=8), False),
+                             (tiles.NARROW_TILES[16], True),
+                             # a narrow tile's products take 64 rows a warpgroup
+                             (dataclasses.replace(tiles.NARROW_TILES[16], block_rows=64), False)):
         with pytest.raises(ValueError, match="V from registers"):
             decode_tl.decode_program(tile, 512, 0, row_scaled=row_scaled)
 

@@ -136,7 +136,9 @@ def test_bad_input_says_what_to_change():
 @pytest.mark.parametrize(("tile", "H"), [(tiles.WS_TILE, 64), (tiles.WS_TILE, 128),
                                          (tiles.REGISTER_V_TILE, 16), (tiles.REGISTER_V_TILE, 128),
                                          (tiles.REGISTER_V_TILE_FEW_QUERIES, 16),
-                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 128)],
+                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 128),
+                                         (tiles.NARROW_TILES[16], 8), (tiles.NARROW_TILES[16], 64),
+                                         (tiles.NARROW_TILES[32], 32), (tiles.NARROW_TILES[32], 128)],
                          ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 40])
