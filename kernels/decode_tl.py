@@ -142,16 +142,19 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     for h in T.Parallel(heads):
         alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
         m[h] = T.max(m[h], m_tile[h])
+    if not transposed:
+        for h, r in T.Parallel(heads, rows):
+            sum_part[h, r] *= alpha[h]
     if acc_o is not None:
         for h, d in T.Parallel(heads, acc_o.shape[1]):
             acc_o[h, d] *= alpha[h]
+    # each loop runs in its fragment's own axis order: TileLang gave a [rows, heads] fragment
+    # iterated as [heads, rows] another register layout, and the tile one barrier more
     if transposed:
         for r, h in T.Parallel(rows, heads):
-            sum_part[r, h] = sum_part[r, h] * alpha[h] + T.exp2(acc_s[r, h] * scale2 - m[h] * scale2)
             acc_s[r, h] = T.exp2(acc_s[r, h] * scale2 - m[h] * scale2)
+            sum_part[r, h] = sum_part[r, h] * alpha[h] + acc_s[r, h]
     else:
-        for h, r in T.Parallel(heads, rows):
-            sum_part[h, r] *= alpha[h]
         for h, r in T.Parallel(heads, rows):
             acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
             sum_part[h, r] += acc_s[h, r]

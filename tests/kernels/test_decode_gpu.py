@@ -65,28 +65,33 @@ def test_topk_beyond_one_splits_row_ids_is_split_and_padded():
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
 
 
-def test_scrambled_indices_fail_the_comparator():
+# Batches and head counts below reach each tile the dispatch has on sm_90: the 64-row tile (few
+# queries), the 64-head 128-row tile, the narrow 16- and 32-head tiles (tiles.choose)
+@pytest.mark.parametrize(("S", "H"), [(8, 64), (64, 16)])
+def test_scrambled_indices_fail_the_comparator(S, H):
     """Negative control: the comparator must see a wrong row set (>= 50% error)."""
-    q, kv, idx = make(8, 64, 0, 2048, seed=1)
+    q, kv, idx = make(S, H, 0, 2048, seed=1)
     scrambled = torch.randint(0, SLOTS, idx.shape, device="cuda", dtype=torch.int32)
     out = sparse_mla_decode_fp8(q, kv, scrambled, D_V**-0.5)
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) >= 0.5
 
 
 @pytest.mark.parametrize("S", [1, 64])
-def test_one_hot_returns_the_row(S):
+@pytest.mark.parametrize("H", [16, 64])
+def test_one_hot_returns_the_row(S, H):
     """q equal to one row's key with a huge scale: softmax is exactly one-hot, out is that row's V."""
-    _, kv, idx = make(S, 64, 64, 2048, seed=2)
+    _, kv, idx = make(S, H, 64, 2048, seed=2)
     pick = torch.randint(0, 2048, (S,), device="cuda")
     rows = kv[idx[:, 0, :].gather(1, pick[:, None]).squeeze(1).long(), 0]  # [S, 576] fp8
-    q = rows[:, None, :].to(torch.bfloat16).expand(S, 64, -1).contiguous()
+    q = rows[:, None, :].to(torch.bfloat16).expand(S, H, -1).contiguous()
     out = sparse_mla_decode_fp8(q, kv, idx, 1000.0)
     want = rows[:, None, :D_V].float().expand_as(out)
     assert rel_err(out, want) <= 1e-6
 
 
-def test_single_unmasked_index_is_exact_and_masked_rows_are_ignored():
-    q, kv, idx = make(16, 64, 0, 2048, seed=3)
+@pytest.mark.parametrize("H", [16, 64])
+def test_single_unmasked_index_is_exact_and_masked_rows_are_ignored(H):
+    q, kv, idx = make(16, H, 0, 2048, seed=3)
     keep = torch.randint(0, 2048, (16,), device="cuda")
     masked = torch.full_like(idx, -1)
     masked.scatter_(2, keep[:, None, None], idx.gather(2, keep[:, None, None]))
@@ -108,9 +113,10 @@ def test_random_masks_match_reference_and_all_masked_row_is_zero(S):
     assert rel_err(out[1:], ref[1:]) <= 0.01
 
 
-def test_first_and_last_slot_and_unpadded_topk():
+@pytest.mark.parametrize(("S", "topk"), [(4, 100), (48, 300)])
+def test_first_and_last_slot_and_unpadded_topk(S, topk):
     """Indices at slot 0 and slots-1, and a top-k that is not a multiple of the row tile."""
-    q, kv, idx = make(4, 16, 0, 100, seed=5)
+    q, kv, idx = make(S, 16, 0, topk, seed=5)
     idx[:, 0, 0] = 0
     idx[:, 0, -1] = SLOTS - 1
     out = sparse_mla_decode_fp8(q, kv, idx, D_V**-0.5)
@@ -144,8 +150,8 @@ def test_bad_input_says_what_to_change():
 @pytest.mark.parametrize("S", [1, 40])
 def test_each_hopper_tile_matches_reference(tile, H, d_tail, S):
     """Each Hopper tile at any batch size, whichever the dispatch would choose there (the opt-in
-    warp-specialised kernel, DSAOPS_DECODE_WS=1, and both V-in-registers tiles): spread case,
-    masked rows, an all-masked query."""
+    warp-specialised kernel, DSAOPS_DECODE_WS=1, the V-in-registers tiles of 64 heads and the narrow
+    ones): spread case, masked rows, an all-masked query."""
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.2, -1, idx).to(torch.int32)
     idx[-1] = -1
