@@ -29,6 +29,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids inf - inf = NaN
 PV_REGISTERS = Path(__file__).parent / "pv_registers.cuh"  # P.V of tiles with v_in_registers
+REGISTER_V_SHAPES = {(64, 64), (64, 128), (16, 128), (32, 128)}  # (heads, rows) a tile it is written for
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
 
 
@@ -181,11 +182,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     acc = T.float32
     pv = T.bfloat16 if row_scaled else T.float16
     regs = tile.v_in_registers
-    # Fewer heads than wgmma's 64-row M: the scores are computed transposed, S^T = K . Q^T, with the
-    # heads as N (16 or 32) instead of padded to 64, and P.V with N = heads too (pv_registers.cuh)
-    narrow = tile.transposed_scores
-    if regs and (HB not in (16, 32, 64) or tile.threads != 256 or D != 512 or BI not in (64, 128) or row_scaled
-                 or (narrow and BI != 128)):
+    narrow = tile.transposed_scores  # 16 or 32 heads: S^T = K . Q^T, the heads as both products' N
+    if regs and ((HB, BI) not in REGISTER_V_SHAPES or tile.threads != 256 or D != 512 or row_scaled):
         raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
                          f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "
                          f"256 threads and d_v 512, not {tile} with d_v {D}" + (" row-scaled" if row_scaled else ""))

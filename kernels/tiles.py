@@ -78,10 +78,10 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
 
 
 WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
-# Hopper, raw layout, any head count: P.V with V in registers (pv_registers.cuh). Without a V buffer
-# 128-row tiles fit, which halve the barriers and reductions a row (H200, H=64 S=256: 149 us, 159
-# with 64 rows); 64-row tiles where a batch is too small to fill the GPU with 128-row splits
-# (too_few_queries: S=1 9.6 us against 10.8).
+# Hopper, raw layout, 64 heads a block (and any head count where a batch is too small to fill the GPU
+# with 128-row splits): P.V with V in registers (pv_registers.cuh). Without a V buffer 128-row tiles
+# fit, which halve the barriers and reductions a row (H200, H=64 S=256: 149 us, 159 with 64 rows);
+# 64-row tiles for the small batches (too_few_queries: S=1 9.6 us against 10.8).
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
 REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 # Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
@@ -91,8 +91,7 @@ NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
     """Whether S queries leave SMs idle even with one block for every 128 top-k rows of a query."""
-    big = REGISTER_V_TILE
-    return S * -(-heads // big.heads_per_block) * -(-topk // big.block_rows) < sm_count
+    return S * -(-heads // REGISTER_V_TILE.heads_per_block) * -(-topk // REGISTER_V_TILE.block_rows) < sm_count
 
 
 @dataclass(frozen=True)
@@ -139,15 +138,12 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
         # 123 us at H=16 / 32 against 135 / 137 with the heads padded to 64). A batch too small to
         # fill the SMs takes the 64-row tile, its heads padded to wgmma's M of 64 (the narrow tiles'
         # products need 128 rows, 64 a warpgroup)
-        if few_queries:
-            tile = REGISTER_V_TILE_FEW_QUERIES
-        else:
-            tile = NARROW_TILES[hb] if hb < 64 else REGISTER_V_TILE
+        tile = REGISTER_V_TILE_FEW_QUERIES if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
         if smem_bytes(tile, d_tail) <= budget:
             return tile
     if hb == 32 and target.has("wgmma"):
-        # a 32-head block leaves wgmma's products half empty and measured slower than 64 heads with
-        # 32 of them padded (H200, BENCHMARKS.md)
+        # (the row-scaled layout's upcast kernel) a 32-head block leaves wgmma's products half empty
+        # and measured slower than 64 heads with 32 of them padded (H200, BENCHMARKS.md)
         hb = 64
     # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
     # the heads fits: gfx942's 64 KB of LDS.

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 from dsaops.kernels import reference, sparse_mla_decode_fp8, tiles
 from dsaops.kernels.decode import decode_with_tile
 
+from dsaops import targets
+
 pytestmark = pytest.mark.gpu
 FP8 = torch.float8_e4m3fn
 D_V = 512
@@ -139,19 +141,17 @@ def test_bad_input_says_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
 
 
-@pytest.mark.parametrize(("tile", "H"), [(tiles.WS_TILE, 64), (tiles.WS_TILE, 128),
-                                         (tiles.REGISTER_V_TILE, 16), (tiles.REGISTER_V_TILE, 128),
-                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 16),
-                                         (tiles.REGISTER_V_TILE_FEW_QUERIES, 128),
-                                         (tiles.NARROW_TILES[16], 8), (tiles.NARROW_TILES[16], 64),
-                                         (tiles.NARROW_TILES[32], 32), (tiles.NARROW_TILES[32], 128)],
-                         ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("tile", sorted({t for _, _, t in tiles.configurations(targets.get("sm_90"))}, key=str),
+                         ids=lambda t: t.name)
+@pytest.mark.parametrize("blocks", ["part", "several"])
 @pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 40])
-def test_each_hopper_tile_matches_reference(tile, H, d_tail, S):
-    """Each Hopper tile at any batch size, whichever the dispatch would choose there (the opt-in
+def test_each_hopper_tile_matches_reference(tile, blocks, d_tail, S):
+    """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the opt-in
     warp-specialised kernel, DSAOPS_DECODE_WS=1, the V-in-registers tiles of 64 heads and the narrow
-    ones): spread case, masked rows, an all-masked query."""
+    ones), forced at any batch size, with half a head block (the rest padded) or several: spread case,
+    masked rows, an all-masked query."""
+    H = tile.heads_per_block // 2 if blocks == "part" else 128
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.2, -1, idx).to(torch.int32)
     idx[-1] = -1
