@@ -3,7 +3,8 @@
 The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
 `@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into an
 in-process cache, the tile, split and kernels are chosen once per call shape (`_plan`), and a call
-does a few shape checks, two to four `torch.empty`, and one or two launches.
+does a few shape checks, two to four `torch.empty`, and one or two launches (a call of two splits
+runs them as clusters that merge in the kernel: tiles.PAIRED).
 """
 from __future__ import annotations
 
@@ -168,10 +169,16 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     # the batch size picks between Hopper's two tiles; DSAOPS_DECODE_WS, the opt-in seesaw (raw layout)
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=few)
-    n_split = choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
+    steps = -(-topk // tile.rows_per_step)
+    n_split = 2 if tile.pairs else choose_split(S, H, steps, tile, sm_count)
+    if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
+        tile = tiles.PAIRED[tile]
     rows = tile.rows_per_step * n_split
+    if -(-topk // rows) * tile.rows_per_step > tile.index_rows:
+        raise ValueError(f"top-k {topk} is more than {tile.name}'s two splits hold ({2 * tile.index_rows})")
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
-            entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 else None, n_split,
+            entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
+            n_split,
             -(-topk // rows) * rows,
             torch.empty(1, device=f"cuda:{device_index}"))
 
@@ -193,8 +200,8 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     # split k's heads at rows k*H.. (decode_tl.decode_kernel): one split writes the answer itself
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((S, H), dtype=torch.float32, device=dev)
-    if combine is None:
-        decode(q, kv, scale, indices, float(sm_scale), padded, out, lse)
+    if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer
+        decode(q, kv, scale, indices, float(sm_scale), padded // n_split, out, lse)
     else:
         part_o = torch.empty((S, n_split * H, d_v), dtype=torch.bfloat16, device=dev)
         part_lse = torch.empty((S, n_split * H), dtype=torch.float32, device=dev)

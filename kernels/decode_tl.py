@@ -33,7 +33,8 @@ REGISTER_V_SHAPES = {(64, 64), (64, 128), (16, 128), (32, 128)}  # (heads, rows)
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
 
 
-def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block, pdl: bool):
+def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block, pdl: bool,
+                  pairs: bool = False):
     """The prim_func both decode kernels share: the signature the host calls and the grid, one axis
     each for query, head block and split (so no address needs a run-time division). `block`, a
     T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H,
@@ -42,9 +43,12 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
     count it cost a 32-bit division per use. out and lse hold split sp's heads at rows sp*H.., so
     that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the
     row-scaled layout's [slots] scales; a raw-layout kernel never reads it (the host passes any
-    float32 vector: one signature for both). pdl: overlap_launches first."""
+    float32 vector: one signature for both). pdl: overlap_launches first. pairs: exactly two splits,
+    each pair a cluster of two blocks whose `block` writes the merged answer (cluster_pair): out and
+    lse are then [S, H, d_v] and [S, H] as with one split."""
     S, H, topk, slots, split_heads, scales = (T.dynamic(n) for n in ("S", "H", "topk", "slots", "split_heads", "scales"))
     width = d_v + d_tail
+    out_heads = H if pairs else split_heads
 
     @T.prim_func
     def decode(
@@ -54,10 +58,12 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
         indices: T.Tensor([S, 1, topk], T.int32),
         sm_scale: T.float32,
         split_rows: T.int32,
-        out: T.Tensor([S, split_heads, d_v], T.bfloat16),
-        lse: T.Tensor([S, split_heads], T.float32),
+        out: T.Tensor([S, out_heads, d_v], T.bfloat16),
+        lse: T.Tensor([S, out_heads], T.float32),
     ):
-        with T.Kernel(S, T.ceildiv(H, heads_per_block), split_heads // H, threads=threads) as (s_i, hb, sp):
+        # cluster_dims (1, 1, 1) is a plain launch (TileLang sets no cluster attribute)
+        with T.ClusterKernel(S, T.ceildiv(H, heads_per_block), 2 if pairs else split_heads // H,
+                             cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (s_i, hb, sp):
             if pdl:
                 overlap_launches()
             block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
@@ -125,6 +131,22 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
 
 
 @T.macro
+def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2):
+    """The two splits of a query (a 2-CTA cluster, tiles.PAIRED) merge through distributed shared
+    memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
+    warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
+    as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no merge kernel runs (H200, H=64 S=64:
+    the merge kernel took 5.5 of 44.6 us, a merge through L2 in this kernel cost more)."""
+    HB = inv_sum.shape[0]
+    lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
+    for h in T.Parallel(HB):
+        lse_pair[0, h] = T.if_then_else(row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+    T.call_extern("handle", f"dsaops_pv::cluster_pair<{HB}>", T.address_of(acc_o[0]), T.access_ptr(out[s_i, h0, 0], "w"),
+                  T.access_ptr(inv_sum, "r"), T.access_ptr(lse_pair, "rw"), T.access_ptr(q_s, "rw"),
+                  T.access_ptr(lse[s_i, h0], "w"), H - h0)
+
+
+@T.macro
 def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=False):
     """One tile of online softmax: scores -> probabilities (in acc_s, at most 1), added into sum_part,
     and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
@@ -183,6 +205,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     pv = T.bfloat16 if row_scaled else T.float16
     regs = tile.v_in_registers
     narrow = tile.transposed_scores  # 16 or 32 heads: S^T = K . Q^T, the heads as both products' N
+    if tile.pairs and not regs:
+        raise ValueError(f"a two-split cluster merges V-in-registers accumulators (pv_registers.cuh): not {tile}")
     if regs and ((HB, BI) not in REGISTER_V_SHAPES or tile.threads != 256 or D != 512 or row_scaled):
         raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
                          f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "
@@ -296,6 +320,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
         if regs:
             reciprocals(row_sum, inv_sum)
+        if tile.pairs:
+            cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2)
+        elif regs:
             T.call_extern("handle", f"dsaops_pv::store<{HB}>", T.address_of(acc_o[0]),
                           T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)
             write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2)
@@ -303,7 +330,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             staged = T.alloc_shared([HB, D + STAGE_PAD], T.bfloat16)  # TileLang places it over the dead V buffer
             write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, 0, scale2, True)
 
-    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block, pdl)
+    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block, pdl, pairs=tile.pairs)
 
 
 SPLITS_A_GROUP = 4  # splits whose rows one thread group of the merge reads (combine_program)

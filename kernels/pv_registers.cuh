@@ -15,11 +15,14 @@
 //   column d = 256g + 64w + 8(l / 4) + 2t + i
 // so the 8 columns a thread holds of each head are consecutive: one 8-byte shared load a KV row
 // feeds all four m-tiles, and a head's 8 outputs leave in one 16-byte store.
+// The accumulator leaves through store (the block's result) or cluster_pair (two splits of a query
+// in a 2-CTA cluster, merged through distributed shared memory: tiles.PAIRED).
 // TileLang puts this source before its own includes.
 #include <cuda_fp8.h>
 #include <tl_templates/cuda/instruction/wgmma.h>
 #include <tl_templates/cuda/intrin.h>
 #include <tl_templates/cuda/barrier.h>
+#include <tl_templates/cuda/cluster.h>
 
 namespace dsaops_pv {
 
@@ -116,11 +119,31 @@ __device__ __forceinline__ void tile(float* acc, const void* kv_tile, const void
   tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
 }
 
+// The 8 consecutive output columns (first_column()) this thread holds of head 8j + hq + c, times s.
+template <int HEADS>
+__device__ __forceinline__ void head_columns(const float* acc, int j, int c, float s, float (&v)[8]) {
+  constexpr int kPerTile = HEADS / 2;
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    v[2 * t] = acc[t * kPerTile + j * 4 + c] * s;
+    v[2 * t + 1] = acc[t * kPerTile + j * 4 + 2 + c] * s;
+  }
+}
+
+__device__ __forceinline__ uint4 bf16x8(const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * t], v[2 * t + 1]);
+    w[t] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // out: the block's first head row of [heads, 512] bf16 rows; acc / row sum (inv_sum, shared) for
 // the first `heads` heads, 16-byte stores.
 template <int HEADS>
 __device__ __forceinline__ void store(float* acc, void* out, const float* inv_sum, int heads) {
-  constexpr int kPerTile = HEADS / 2;
   settle();
   tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
   const int hq = 2 * (threadIdx.x & 3), c0 = first_column();
@@ -130,16 +153,102 @@ __device__ __forceinline__ void store(float* acc, void* out, const float* inv_su
     for (int c = 0; c < 2; ++c) {
       const int h = 8 * j + hq + c;
       if (h < heads) {
-        const float s = inv_sum[h];
-        uint32_t w[4];
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const __nv_bfloat162 v =
-              __floats2bfloat162_rn(acc[t * kPerTile + j * 4 + c] * s, acc[t * kPerTile + j * 4 + 2 + c] * s);
-          w[t] = *reinterpret_cast<const uint32_t*>(&v);
-        }
-        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + h * kDv + c0) = make_uint4(w[0], w[1], w[2], w[3]);
+        float v[8];
+        head_columns<HEADS>(acc, j, c, inv_sum[h], v);
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + h * kDv + c0) = bf16x8(v);
       }
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// The shared-memory address of `local`'s counterpart in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t peer_address(const void* local, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  return remote;
+}
+
+__device__ __forceinline__ void store_peer(uint32_t address, uint4 v) {
+  asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(address), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ void store_peer(uint32_t address, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(address), "f"(v) : "memory");
+}
+
+// Two splits' weights (w_mine + w_theirs = 1) and merged lse from their lse (natural log, -inf for
+// a split that saw no row); both empty: weights 0 and -inf, never exp(-inf + inf) = NaN.
+__device__ __forceinline__ float pair_weights(float mine, float theirs, float& w_mine, float& w_theirs) {
+  const float top = fmaxf(mine, theirs);
+  const float wm = top == -INFINITY ? 0.f : __expf(mine - top), wt = top == -INFINITY ? 0.f : __expf(theirs - top);
+  const float total = wm + wt, inv_total = total == 0.f ? 0.f : 1.f / total;
+  w_mine = wm * inv_total;
+  w_theirs = wt * inv_total;
+  return total == 0.f ? -INFINITY : top + __logf(total);
+}
+
+// The two splits of a query, a 2-CTA cluster (decode_tl.cluster_pair), merge through distributed
+// shared memory. Block `rank` keeps the columns of its warpgroup `rank` (256 rank..+255): its other
+// warpgroup sends its normalised rows (acc / row sum, bf16, as a split's partial always was) for
+// the peer's kept columns into the peer's `exchange` (Q's buffer: HEADS x 512 B, free after the last
+// tile's QK^T),
+// [head i of a thread][thread] x 16 bytes so that neither side's accesses conflict, and its lse
+// into the peer's lse_pair[HEADS..]. lse_pair[0..HEADS): this block's lse. Every thread of both
+// blocks calls it. Rank 0 writes the merged lse.
+template <int HEADS>
+__device__ __forceinline__ void cluster_pair(float* acc, void* out, const float* inv_sum, float* lse_pair,
+                                             void* exchange, float* lse_out, int heads) {
+  settle();
+  tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
+  heads = min(heads, HEADS);  // the block's heads (the caller passes the heads left from its first)
+  const int rank = static_cast<int>(cluster_rank()), group = threadIdx.x >> 7, t = threadIdx.x & 127;
+  const int hq = 2 * (threadIdx.x & 3), c0 = first_column();
+  uint4* slots = static_cast<uint4*>(exchange);
+  tl::cluster_sync();  // both blocks are past their last tile (Q read), their lse in lse_pair
+  if (group != rank) {
+    const uint32_t remote = peer_address(slots, rank ^ 1);
+#pragma unroll
+    for (int i = 0; i < HEADS / 4; ++i) {  // the heads this thread holds
+      const int h = 8 * (i / 2) + hq + i % 2;
+      if (h < heads) {
+        float v[8];
+        head_columns<HEADS>(acc, i / 2, i % 2, inv_sum[h], v);
+        store_peer(remote + (i * 128 + t) * 16, bf16x8(v));
+      }
+    }
+    if (t < heads) store_peer(peer_address(lse_pair + HEADS + t, rank ^ 1), lse_pair[t]);
+  }
+  tl::cluster_sync();  // the peer's share is here
+  if (group == rank) {
+#pragma unroll
+    for (int i = 0; i < HEADS / 4; ++i) {
+      const int h = 8 * (i / 2) + hq + i % 2;
+      if (h < heads) {
+        float w_mine, w_theirs, v[8];
+        pair_weights(lse_pair[h], lse_pair[HEADS + h], w_mine, w_theirs);
+        head_columns<HEADS>(acc, i / 2, i % 2, inv_sum[h] * w_mine, v);
+        const uint4 raw = slots[i * 128 + t];
+        const __nv_bfloat162* theirs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(theirs[k]);
+          v[2 * k] += f.x * w_theirs;
+          v[2 * k + 1] += f.y * w_theirs;
+        }
+        *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + h * kDv + c0) = bf16x8(v);
+      }
+    }
+    if (rank == 0 && t < heads) {
+      float w_mine, w_theirs;
+      lse_out[t] = pair_weights(lse_pair[t], lse_pair[HEADS + t], w_mine, w_theirs);
     }
   }
 }

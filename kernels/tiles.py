@@ -8,6 +8,7 @@ Stdlib only: the CLI and the routing patch import this without torch or TileLang
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from dataclasses import dataclass
@@ -36,11 +37,13 @@ class Tile:
     warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two seesaw consumer warpgroups
     index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
     v_in_registers: bool = False  # P.V with V converted from the fp8 tile into wgmma registers (pv_registers.cuh)
+    pairs: bool = False  # two splits a query, a 2-CTA cluster merging them (decode_tl.cluster_pair)
 
     @property
     def name(self) -> str:
         return (f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
-                + (f"_i{self.index_rows}" if self.index_rows != 2048 else "") + ("_vr" if self.v_in_registers else ""))
+                + (f"_i{self.index_rows}" if self.index_rows != 2048 else "") + ("_vr" if self.v_in_registers else "")
+                + ("_pair" if self.pairs else ""))
 
     @property
     def transposed_scores(self) -> bool:
@@ -87,6 +90,11 @@ REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 # Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
 # heads as wgmma's N, instead of padded to 64 (decode_tl.decode_program's narrow tiles)
 NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
+# Each 128-row tile above as a cluster of two splits that merge through distributed shared memory:
+# the dispatch's kernel where a call has two splits (H200, H=64 S=64: the merge kernel took 5.5 of
+# 44.6 us; merged in the decode kernel through L2 instead, 47.1). The 64-row tile never gets two
+# splits (too_few_queries leaves at most 8 blocks, which take 16 or more).
+PAIRED = {tile: dataclasses.replace(tile, pairs=True) for tile in (REGISTER_V_TILE, *NARROW_TILES.values())}
 
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
@@ -159,7 +167,8 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
 
 def configurations(target, row_scaled: bool = False) -> list[tuple[int, int, Tile]]:
     """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout, or the
-    row-scaled one (top-k and S are symbolic; every batch size's tile and the opt-in
-    warp-specialised one included)."""
-    return list(dict.fromkeys((h, dt, choose(target, h, warp_specialized=ws, row_scaled=row_scaled, few_queries=few))
-                              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True) for few in (False, True)))
+    row-scaled one (top-k and S are symbolic; every batch size's tile, its two-split cluster
+    (PAIRED) and the opt-in warp-specialised one included)."""
+    chosen = [(h, dt, choose(target, h, warp_specialized=ws, row_scaled=row_scaled, few_queries=few))
+              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True) for few in (False, True)]
+    return list(dict.fromkeys(chosen + [(h, dt, PAIRED[tile]) for h, dt, tile in chosen if tile in PAIRED]))

@@ -76,6 +76,29 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
     assert not any(t.v_in_registers or t.warp_specialized for _, _, t in tiles.configurations(hopper, row_scaled=True))
 
 
+def test_two_splits_run_as_a_cluster_of_the_hopper_128_row_tiles():
+    """A call of two splits runs tiles.PAIRED's cluster kernel (the split merge in distributed shared
+    memory): one for each 128-row V-in-registers tile, compiled in CI with the rest; nothing else pairs."""
+    hopper = targets.get("sm_90")
+    assert set(tiles.PAIRED) == {tiles.REGISTER_V_TILE, *tiles.NARROW_TILES.values()}
+    for tile, paired in tiles.PAIRED.items():
+        assert paired == dataclasses.replace(tile, pairs=True) and paired.name == tile.name + "_pair"
+    listed = {tile for _, _, tile in tiles.configurations(hopper)}
+    assert set(tiles.PAIRED.values()) <= listed
+    others = [tiles.configurations(hopper, row_scaled=True), tiles.configurations(targets.get("sm_121")),
+              tiles.configurations(targets.get("gfx942"))]
+    assert not any(tile.pairs for configs in others for _, _, tile in configs)
+
+
+def test_a_cluster_pair_needs_the_register_accumulator():
+    from dsaops.kernels import decode_tl
+
+    for tile in (dataclasses.replace(tiles.choose(targets.get("sm_121"), 64), pairs=True),
+                 dataclasses.replace(tiles.WS_TILE, pairs=True, warp_specialized=False)):
+        with pytest.raises(ValueError, match="two-split cluster"):
+            decode_tl.decode_program(tile, 512, 0)
+
+
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (8, 64, True), (9, 64, False), (16, 16, False),
                                                  (4, 128, True), (5, 128, False)])
 def test_few_queries_is_when_128_row_splits_cannot_fill_the_sms(S, heads, few):

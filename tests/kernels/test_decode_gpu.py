@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dsaops.kernels import reference, sparse_mla_decode_fp8, tiles
+from dsaops.kernels import decode, reference, sparse_mla_decode_fp8, tiles
 from dsaops.kernels.decode import decode_with_tile
 
 from dsaops import targets
@@ -113,6 +113,26 @@ def test_random_masks_match_reference_and_all_masked_row_is_zero(S):
     assert not torch.isnan(out).any()
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
     assert rel_err(out[1:], ref[1:]) <= 0.01
+
+
+@pytest.mark.parametrize(("S", "H"), [(64, 16), (64, 64), (33, 100)])
+def test_two_splits_merge_in_their_cluster(S, H):
+    """64 to 132 blocks take two splits a query, run as 2-block clusters that merge through
+    distributed shared memory (tiles.PAIRED, decode_tl.cluster_pair), with no merge kernel: right
+    for a query whose second split saw only masked rows, one whose first did, one with every row
+    masked (zeros, lse -inf), and for a head count that pads its last head block (100 = 64 + 36)."""
+    scale = D_V**-0.5
+    q, kv, idx = make(S, H, 0, 2048, seed=21)
+    idx[1, 0, 1024:] = -1
+    idx[2, 0, :1024] = -1
+    idx[3] = -1
+    _, combine, n_split, *_ = decode._plan(torch.cuda.current_device(), S, H, 2048, D_V, D_V, None, False)
+    assert n_split == 2 and combine is None
+    out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
+    assert rel_err(out[:3], ref[:3]) <= 0.01 and rel_err(out[4:], ref[4:]) <= 0.01
+    assert (lse[:3] - ref_lse[:3]).abs().max().item() <= 1e-3 and (lse[4:] - ref_lse[4:]).abs().max().item() <= 1e-3
+    assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
 
 
 @pytest.mark.parametrize(("S", "topk"), [(4, 100), (48, 300)])
