@@ -234,6 +234,10 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         # The split's row ids, loaded once: each tile's gather addresses and masks then come from
         # shared memory instead of a dependent global load (an HBM latency) per tile.
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
+        # 1 for a tile of the split with a masked (-1) row: only those tiles' scores are masked
+        # (H200, H=64: the mask read each score's row id, ~300 cycles a tile; DSA's top-k is full
+        # once a context has 2,048 tokens)
+        masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
 
         acc_s = T.alloc_fragment(score_shape, acc)
         # O^T in the layout pv_registers.cuh gives it, or O as TileLang lays it out
@@ -256,6 +260,11 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             load_q(q, qt_s, H, s_i, h0, D)
         for r in T.Parallel(tile.index_rows):
             ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
+        for i in T.Parallel(tile.index_rows // BI):
+            masked[i] = 0
+        for r in T.Parallel(tile.index_rows):
+            if ids[r] < 0:
+                masked[r // BI] = 1  # every writer writes 1
         T.fill(acc_o, 0)
         T.fill(sum_part, 0)
         T.fill(m, NEG_BIG)
@@ -278,8 +287,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 T.gemm(k_s, q_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                 if Dt:
                     T.gemm(kt_s, qt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                for r, h in T.Parallel(BI, HB):
-                    acc_s[r, h] = T.if_then_else(ids[base + r] >= 0, acc_s[r, h], -T.infinity(acc))
+                if masked[t] != 0:
+                    for r, h in T.Parallel(BI, HB):
+                        acc_s[r, h] = T.if_then_else(ids[base + r] >= 0, acc_s[r, h], -T.infinity(acc))
                 # a head's rows span all 8 warps: one exchange for all of a thread's heads (H200, H=16
                 # S=256: 104 us; one exchange a head, 6 barriers each, 108)
                 T.reduce_max(acc_s, m_tile, dim=0, batch=HB // 4)
@@ -290,9 +300,12 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 if not regs:
                     for r, d in T.Parallel(BI, D):
                         v_s[r, d] = k_s[r, d].astype(pv)
-                for h, r in T.Parallel(HB, BI):
-                    score = acc_s[h, r] * sc_s[r] if row_scaled else acc_s[h, r]
-                    acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, score, -T.infinity(acc))
+                if row_scaled:
+                    for h, r in T.Parallel(HB, BI):
+                        acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r] * sc_s[r], -T.infinity(acc))
+                elif masked[t] != 0:
+                    for h, r in T.Parallel(HB, BI):
+                        acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
                 T.reduce_max(acc_s, m_tile, dim=1)
 
             online_softmax(acc_s, None if regs else acc_o, m, m_tile, alpha, sum_part, scale2, transposed=narrow)
