@@ -169,13 +169,12 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     # the batch size picks between Hopper's two tiles; DSAOPS_DECODE_WS, the opt-in seesaw (raw layout)
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=few)
-    steps = -(-topk // tile.rows_per_step)
-    n_split = 2 if tile.pairs else choose_split(S, H, steps, tile, sm_count)
+    n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
     if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
         tile = tiles.PAIRED[tile]
     rows = tile.rows_per_step * n_split
-    if -(-topk // rows) * tile.rows_per_step > tile.index_rows:
-        raise ValueError(f"top-k {topk} is more than {tile.name}'s two splits hold ({2 * tile.index_rows})")
+    if -(-topk // rows) * tile.rows_per_step > tile.index_rows:  # a forced two-split tile only
+        raise ValueError(f"top-k {topk} needs more than {tile.name}'s {n_split} splits of {tile.index_rows} rows")
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
             entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
             n_split,

@@ -17,7 +17,8 @@ Hopper's tiles for the raw layout (tiles.REGISTER_V_TILE) take V from registers 
 copy of V in shared memory, P.V computed transposed by pv_registers.cuh (hand-written CUDA imported
 into the kernel's source), which frees the shared memory for 128-row tiles. Its narrow tiles
 (tiles.NARROW_TILES, 16 or 32 heads) compute the scores transposed too, S^T = K . Q^T, so that both
-products take the heads as N instead of padding them to wgmma's M of 64.
+products take the heads as N instead of padding them to wgmma's M of 64. A call of two splits runs
+these 128-row tiles as 2-CTA clusters that merge the pair themselves (tiles.PAIRED, cluster_pair).
 """
 
 from pathlib import Path
@@ -98,13 +99,18 @@ def reciprocals(row_sum, inv_sum):
         inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
 
 
+def head_lse(row_sum, m, scale2):
+    """A head's natural-log lse from its row sum and running max (log2 units of scale2): -inf where
+    every row was masked."""
+    return T.if_then_else(row_sum == 0, -T.infinity(T.float32), (T.log2(row_sum) + m * scale2) * LN2)
+
+
 @T.macro
 def write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2):
-    """A split's natural-log lse a head (-inf where every row was masked)."""
+    """A split's lse a head."""
     for h in T.Parallel(row_sum.shape[0]):
         if h0 + h < H:
-            lse[s_i, sp * H + h0 + h] = T.if_then_else(
-                row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+            lse[s_i, sp * H + h0 + h] = head_lse(row_sum[h], m[h], scale2)
 
 
 @T.macro
@@ -135,12 +141,13 @@ def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2):
     """The two splits of a query (a 2-CTA cluster, tiles.PAIRED) merge through distributed shared
     memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
     warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
-    as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no merge kernel runs (H200, H=64 S=64:
-    the merge kernel took 5.5 of 44.6 us, a merge through L2 in this kernel cost more)."""
+    as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no
+    merge kernel runs (H200, H=64 S=64: the merge kernel took 5.5 of 44.6 us; a merge through L2 in
+    this kernel, by the split that finished second, cost more)."""
     HB = inv_sum.shape[0]
     lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
     for h in T.Parallel(HB):
-        lse_pair[0, h] = T.if_then_else(row_sum[h] == 0, -T.infinity(T.float32), (T.log2(row_sum[h]) + m[h] * scale2) * LN2)
+        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2)
     T.call_extern("handle", f"dsaops_pv::cluster_pair<{HB}>", T.address_of(acc_o[0]), T.access_ptr(out[s_i, h0, 0], "w"),
                   T.access_ptr(inv_sum, "r"), T.access_ptr(lse_pair, "rw"), T.access_ptr(q_s, "rw"),
                   T.access_ptr(lse[s_i, h0], "w"), H - h0)
