@@ -198,11 +198,10 @@ __device__ __forceinline__ float pair_weights(float mine, float theirs, float& w
 // The two splits of a query, a 2-CTA cluster (decode_tl.cluster_pair), merge through distributed
 // shared memory. Block `rank` keeps the columns of its warpgroup `rank` (256 rank..+255): its other
 // warpgroup sends its normalised rows (acc / row sum, bf16, as a split's partial always was) for
-// the peer's kept columns into the peer's `exchange` (Q's buffer: HEADS x 512 B, free after the last
-// tile's QK^T),
-// [head i of a thread][thread] x 16 bytes so that neither side's accesses conflict, and its lse
-// into the peer's lse_pair[HEADS..]. lse_pair[0..HEADS): this block's lse. Every thread of both
-// blocks calls it. Rank 0 writes the merged lse.
+// the peer's kept columns into the peer's `exchange` (Q's buffer, HEADS x 512 B, free after the last
+// tile's QK^T), laid out [head i of a thread][thread] x 16 bytes so that neither side's accesses
+// conflict, and its lse into the peer's lse_pair[HEADS..]; lse_pair[0..HEADS) is this block's lse.
+// Every thread of both blocks calls it. Rank 0 writes the merged lse.
 template <int HEADS>
 __device__ __forceinline__ void cluster_pair(float* acc, void* out, const float* inv_sum, float* lse_pair,
                                              void* exchange, float* lse_out, int heads) {
