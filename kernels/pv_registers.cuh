@@ -161,18 +161,9 @@ __device__ __forceinline__ void store(float* acc, void* out, const float* inv_su
   }
 }
 
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// The shared-memory address of `local`'s counterpart in block `rank` of the cluster.
-__device__ __forceinline__ uint32_t peer_address(const void* local, uint32_t rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(remote) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  return remote;
+// The shared-memory address of `local`'s counterpart in block `rank` of the cluster (`mapa`).
+__device__ __forceinline__ uint32_t peer_address(const void* local, int rank) {
+  return tl::set_block_rank(static_cast<uint32_t>(__cvta_generic_to_shared(local)), rank);
 }
 
 __device__ __forceinline__ void store_peer(uint32_t address, uint4 v) {
@@ -208,7 +199,7 @@ __device__ __forceinline__ void cluster_pair(float* acc, void* out, const float*
   settle();
   tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
   heads = min(heads, HEADS);  // the block's heads (the caller passes the heads left from its first)
-  const int rank = static_cast<int>(cluster_rank()), group = threadIdx.x >> 7, t = threadIdx.x & 127;
+  const int rank = tl::block_rank_in_cluster(), group = threadIdx.x >> 7, t = threadIdx.x & 127;
   const int hq = 2 * (threadIdx.x & 3), c0 = first_column();
   uint4* slots = static_cast<uint4*>(exchange);
   tl::cluster_sync();  // both blocks are past their last tile (Q read), their lse in lse_pair

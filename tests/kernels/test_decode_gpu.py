@@ -67,8 +67,9 @@ def test_topk_beyond_one_splits_row_ids_is_split_and_padded():
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
 
 
-# Batches and head counts below reach each tile the dispatch has on sm_90: the 64-row tile (few
-# queries), the 64-head 128-row tile, the narrow 16- and 32-head tiles (tiles.choose)
+# Batches and head counts below reach several of the tiles the dispatch has on sm_90: the 64-row tile
+# (few queries), the 128-row tiles alone and as two-split clusters (S = 64: tiles.PAIRED);
+# test_each_hopper_tile_matches_reference forces every one of them
 @pytest.mark.parametrize(("S", "H"), [(8, 64), (64, 16)])
 def test_scrambled_indices_fail_the_comparator(S, H):
     """Negative control: the comparator must see a wrong row set (>= 50% error)."""
@@ -169,7 +170,7 @@ def test_bad_input_says_what_to_change():
 def test_each_hopper_tile_matches_reference(tile, blocks, d_tail, S):
     """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the opt-in
     warp-specialised kernel, DSAOPS_DECODE_WS=1, the V-in-registers tiles of 64 heads and the narrow
-    ones), forced at any batch size, with half a head block (the rest padded) or several: spread case,
+    ones, and their two-split clusters), forced at any batch size, with half a head block (the rest padded) or several: spread case,
     masked rows, an all-masked query."""
     H = tile.heads_per_block // 2 if blocks == "part" else 128
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
