@@ -32,6 +32,10 @@ NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids in
 PV_REGISTERS = Path(__file__).parent / "pv_registers.cuh"  # P.V of tiles with v_in_registers
 REGISTER_V_SHAPES = {(64, 64), (64, 128), (16, 128), (32, 128)}  # (heads, rows) a tile it is written for
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
+# V-in-registers tiles multiply P by this before splitting it into two e4m3 halves (pv_registers.cuh):
+# P <= 2^8 stays under e4m3's 448 and P down to 2^-14 stays a normal e4m3 (2^-8 relative, not the
+# subnormals' 2^-10 absolute); the output's reciprocal sum takes it back out
+P_SCALE = 256.0
 
 
 def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block, pdl: bool,
@@ -93,10 +97,18 @@ def load_q(q, dst, H, s_i, h0, col0):
 
 
 @T.macro
-def reciprocals(row_sum, inv_sum):
-    """One reciprocal a head; 0 for a split with every row masked (row_sum 0): zeros, never NaN."""
+def reciprocals(row_sum, inv_sum, p_scale=1.0):
+    """One reciprocal a head, of the row sum times p_scale (the factor P was multiplied by in the
+    PV product); 0 for a split with every row masked (row_sum 0): zeros, never NaN."""
     for h in T.Parallel(row_sum.shape[0]):
-        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
+        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / (row_sum[h] * p_scale))
+
+
+def fp8_halves(p, dtype):
+    """P times P_SCALE as two e4m3 values (hi, lo) whose sum carries it to 2^-8 relative."""
+    scaled = p * P_SCALE
+    hi = scaled.astype(dtype)
+    return hi, (scaled - hi.astype(T.float32)).astype(dtype)
 
 
 def head_lse(row_sum, m, scale2):
@@ -234,8 +246,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             sc_s = T.alloc_shared([BI], acc)
         if not regs:
             v_s = T.alloc_shared([BI, D], pv)
-        # P by hand (V in registers): blocks of 64 rows, one 128-byte swizzle atom wide each
-        p_s = T.alloc_shared([BI // 64, HB, 64] if regs and BI > 64 else [HB, BI], pv)
+        # P by hand (V in registers): its two e4m3 halves, each one 128-byte swizzle atom wide
+        p_s = T.alloc_shared([2, HB, 128], fp8_dtype) if regs else T.alloc_shared([HB, BI], pv)
         if regs:  # the product's B operand, read by hand: the layout its descriptor names
             T.annotate_layout({p_s: make_full_bank_swizzled_layout(p_s)})
         # The split's row ids, loaded once: each tile's gather addresses and masks then come from
@@ -325,13 +337,17 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                     p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
             elif narrow:
                 for r, h in T.Parallel(BI, HB):
-                    p_s[r // 64, h, r % 64] = acc_s[r, h]
-            elif regs and BI > 64:
+                    hi, lo = fp8_halves(acc_s[r, h], fp8_dtype)
+                    p_s[0, h, r] = hi
+                    p_s[1, h, r] = lo
+            elif regs:
                 for h, r in T.Parallel(HB, BI):
-                    p_s[r // 64, h, r % 64] = acc_s[h, r]
+                    hi, lo = fp8_halves(acc_s[h, r], fp8_dtype)
+                    p_s[0, h, r] = hi
+                    p_s[1, h, r] = lo
             else:
                 T.copy(acc_s, p_s)
-            if regs:  # rescale by alpha, then O^T += V^T . P^T with V converted from k_s into registers
+            if regs:  # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
                 T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}>", T.address_of(acc_o[0]), T.access_ptr(k_s, "r"),
                               T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
             else:
@@ -339,7 +355,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
         T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
         if regs:
-            reciprocals(row_sum, inv_sum)
+            reciprocals(row_sum, inv_sum, P_SCALE)
         if tile.pairs:
             cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2)
         elif regs:

@@ -1,13 +1,17 @@
 // P.V of decode_tl's Hopper tiles with V taken from registers (imported into the kernel's CUDA
 // source by decode_tl.decode_program; TileLang runs everything else of the tile).
 //
-// fp16 wgmma takes its A operand from registers, so the product is computed transposed:
-// O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T converted from the fp8 tile in shared memory
-// straight into registers (no fp16 copy of V in shared memory: on the H200 that upcast, its stores
-// and the product's reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P,
-// [HEADS][rows] fp16 in shared memory (K-major). The heads are the products' N, so a block of 16
-// or 32 heads runs 16- or 32-wide products instead of 64 with the heads padded. Each warpgroup owns
-// 256 of the 512 output columns: 4 m64 x HEADS x k16 products a k-step.
+// wgmma takes its A operand from registers, so the product is computed transposed:
+// O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T, the fp8 tile's bytes moved straight into registers
+// (no copy of V in shared memory: on the H200 an fp16 upcast there, its stores and the product's
+// reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P, [HEADS][rows] in shared
+// memory (K-major). The product is fp8 x fp8: V needs no conversion, only a 4 x 4 byte transpose
+// (fp16 products took a cvt a value pair: 3,000 cycles a 128-row tile at H=64 where the tensor
+// cores need 2,048). P, in [0, 2^8] (decode_tl.P_SCALE), comes as two e4m3 halves, hi = e4m3(P)
+// and lo = e4m3(P - hi), whose sum carries P to 2^-8 relative; two fp8 products take the tensor
+// cores as long as one fp16 product. The heads are the products' N, so a block of 16 or 32 heads
+// runs 16- or 32-wide products instead of 64 with the heads padded. Each warpgroup owns 256 of the
+// 512 output columns: 4 m64 x HEADS x k32 products a k-step and half of P.
 //
 // Which output column a register row stands for is ours to choose. Thread (warpgroup g, warp w,
 // lane l) holds, for m-tile t (0..3) and accumulator register j*4 + i*2 + c of it (j < HEADS / 8):
@@ -18,7 +22,7 @@
 // The accumulator leaves through store (the block's result) or cluster_pair (two splits of a query
 // in a 2-CTA cluster, merged through distributed shared memory: tiles.PAIRED).
 // TileLang puts this source before its own includes.
-#include <cuda_fp8.h>
+#include <cuda_bf16.h>
 #include <tl_templates/cuda/instruction/wgmma.h>
 #include <tl_templates/cuda/intrin.h>
 #include <tl_templates/cuda/barrier.h>
@@ -45,27 +49,37 @@ __device__ __forceinline__ int first_column() {
   return ((t >> 7) << 8) + (((t >> 5) & 3) << 6) + ((t & 31) >> 2) * 8;
 }
 
-__device__ __forceinline__ uint32_t f16x2(uint32_t two_e4m3) {  // low byte -> low half
-  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_e4m3), __NV_E4M3);
-  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+// Rows in, columns out: row[j] holds bytes (row j, columns 0..3), col[c] then holds (rows 0..3, column c),
+// the lowest row in the low byte (the k order of an 8-bit wgmma operand register).
+__device__ __forceinline__ void transpose4x4(const uint32_t (&row)[4], uint32_t (&col)[4]) {
+  const uint32_t c01_r01 = __byte_perm(row[0], row[1], 0x5140), c23_r01 = __byte_perm(row[0], row[1], 0x7362);
+  const uint32_t c01_r23 = __byte_perm(row[2], row[3], 0x5140), c23_r23 = __byte_perm(row[2], row[3], 0x7362);
+  col[0] = __byte_perm(c01_r01, c01_r23, 0x5410);
+  col[1] = __byte_perm(c01_r01, c01_r23, 0x7632);
+  col[2] = __byte_perm(c23_r01, c23_r23, 0x5410);
+  col[3] = __byte_perm(c23_r01, c23_r23, 0x7632);
 }
 
-// The A fragments of k-step kk (rows 16kk..16kk+15 of the tile) for the four m-tiles: register
-// 2p + i of m-tile t holds rows (r + 8p, r + 8p + 1), column 2t + i, r = 16kk + 2(l % 4).
+// The A fragments of k-step kk (rows 32kk..32kk+31 of the tile) for the four m-tiles: register
+// 2p + i of m-tile t holds rows r + 16p .. r + 16p + 3, column 2t + i, r = 32kk + 4(l % 4).
 template <int ROWS>
 __device__ __forceinline__ void v_fragment(uint32_t (&a)[4][4], const uint8_t* tile, int kk) {
-  const int r = kk * 16 + 2 * (threadIdx.x & 3), c = first_column();
+  const int r = kk * 32 + 4 * (threadIdx.x & 3), c = first_column();
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
-    const uint2 lo = *reinterpret_cast<const uint2*>(tile + kv_offset<ROWS>(r + 8 * p, c));
-    const uint2 hi = *reinterpret_cast<const uint2*>(tile + kv_offset<ROWS>(r + 8 * p + 1, c));
-    // bytes (row r, row r+1) of two columns side by side: [r c, r+1 c, r c+1, r+1 c+1]
-    const uint32_t x[4] = {__byte_perm(lo.x, hi.x, 0x5140), __byte_perm(lo.x, hi.x, 0x7362),
-                           __byte_perm(lo.y, hi.y, 0x5140), __byte_perm(lo.y, hi.y, 0x7362)};
+    uint32_t left[4], right[4], cols[8];  // columns c..c+3 and c+4..c+7 of four rows; then by column
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint2 v = *reinterpret_cast<const uint2*>(tile + kv_offset<ROWS>(r + 16 * p + j, c));
+      left[j] = v.x;
+      right[j] = v.y;
+    }
+    transpose4x4(left, reinterpret_cast<uint32_t(&)[4]>(cols[0]));
+    transpose4x4(right, reinterpret_cast<uint32_t(&)[4]>(cols[4]));
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      a[t][2 * p] = f16x2(x[t] & 0xffff);
-      a[t][2 * p + 1] = f16x2(x[t] >> 16);
+      a[t][2 * p] = cols[2 * t];
+      a[t][2 * p + 1] = cols[2 * t + 1];
     }
   }
 }
@@ -76,12 +90,12 @@ __device__ __forceinline__ void v_fragment(uint32_t (&a)[4][4], const uint8_t* t
 __device__ __forceinline__ void settle() { tl::warpgroup_wait<0>(); }
 
 // One tile: acc *= alpha (the online softmax's rescale, per head, from shared memory), then
-// acc += V^T . P^T over the tile's ROWS rows, left in flight (settle). p: ROWS / 64 blocks of
-// [HEADS heads][64 rows] fp16, 128-byte swizzled rows. The fp8 tile is read before this returns: its
-// buffer may be refilled.
+// acc += V^T . (P_hi + P_lo)^T over the tile's ROWS rows, left in flight (settle). p: P's two e4m3
+// halves, [2][HEADS heads][128 rows], 128-byte swizzled rows (a tile of 64 rows uses half of each).
+// The fp8 tile is read before this returns: its buffer may be refilled.
 template <int ROWS, int HEADS>
 __device__ __forceinline__ void tile(float* acc, const void* kv_tile, const void* p, const float* alpha) {
-  static_assert(ROWS % 64 == 0, "P comes in blocks of 64 rows");
+  static_assert(ROWS % 32 == 0 && ROWS <= 128, "P's rows are one 128-byte swizzle atom of k32 steps");
   static_assert(HEADS % 16 == 0 && HEADS <= 64, "heads come in 8-row groups of the 128-byte swizzle");
   constexpr int kPerTile = HEADS / 2;
   const int hq = 2 * (threadIdx.x & 3);
@@ -100,19 +114,22 @@ __device__ __forceinline__ void tile(float* acc, const void* kv_tile, const void
   }
   tl::GmmaDescriptor desc;
   tl::initialize_wgmma_descriptor<1, 1, 64>(desc, p);  // 128-byte swizzle, 8-row groups 1,024 B apart
-  uint32_t a[2][4][4];  // two k-steps' fragments: one converts while the other's products run
+  uint32_t a[2][4][4];  // two k-steps' fragments: one is moved while the other's products run
   tl::warpgroup_fence_operand(acc, kRegs<HEADS>);
   tl::fence_proxy_async();  // P was written by ordinary stores; the product reads it asynchronously
 #pragma unroll
-  for (int k = 0; k < ROWS / 16; ++k) {
+  for (int k = 0; k < ROWS / 32; ++k) {
     if (k >= 2) tl::warpgroup_wait<1>();  // k-step k - 2 is done with a[k % 2]
     v_fragment<ROWS>(a[k % 2], static_cast<const uint8_t*>(kv_tile), k);
     tl::warpgroup_arrive();
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-      tl::wgmma_rs<tl::DataType::kFloat16, tl::DataType::kFloat16, tl::DataType::kFloat32, 64, HEADS, 16, false, false>(
-          a[k % 2][t], uint64_t(desc + (((k / 4) * HEADS * 128 + (k % 4) * 32) >> 4)),
-          reinterpret_cast<uint32_t*>(acc + kPerTile * t), true);
+    for (int half = 0; half < 2; ++half) {  // P_hi, then P_lo (HEADS x 128 bytes further)
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        tl::wgmma_rs<tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, 64, HEADS, 32,
+                     false, false>(a[k % 2][t], uint64_t(desc + ((half * HEADS * 128 + k * 32) >> 4)),
+                                   reinterpret_cast<uint32_t*>(acc + kPerTile * t), true);
+      }
     }
     tl::warpgroup_commit_batch();
   }

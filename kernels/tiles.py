@@ -72,7 +72,8 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
     return (hb * width                  # Q in fp8
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
-            + (2 if tile.warp_specialized else 1) * hb * br * 2  # P in fp16 (decode_ws: one per consumer)
+            # P: two e4m3 halves 128 rows wide (V in registers), else fp16 (decode_ws: one per consumer)
+            + (2 * hb * 128 if tile.v_in_registers else (2 if tile.warp_specialized else 1) * hb * br * 2)
             + (0 if tile.warp_specialized else 4 * tile.index_rows + 4 * tile.index_rows // br)  # row ids, masked tiles
             # transposed scores: the row max exchanges 4 B a thread for each head it holds (hb / 4),
             # where other tiles' reductions exchange 4 B (counted in the extra)
