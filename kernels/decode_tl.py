@@ -184,9 +184,6 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     for h in T.Parallel(heads):
         alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
         m[h] = T.max(m[h], m_tile[h])
-    if not transposed:
-        for h, r in T.Parallel(heads, rows):
-            sum_part[h, r] *= alpha[h]
     if acc_o is not None:
         for h, d in T.Parallel(heads, acc_o.shape[1]):
             acc_o[h, d] *= alpha[h]
@@ -199,7 +196,7 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     else:
         for h, r in T.Parallel(heads, rows):
             acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-            sum_part[h, r] += acc_s[h, r]
+            sum_part[h, r] = sum_part[h, r] * alpha[h] + acc_s[h, r]
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
@@ -232,6 +229,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                          f"256 threads and d_v 512, not {tile} with d_v {D}" + (" row-scaled" if row_scaled else ""))
     score_shape = [BI, HB] if narrow else [HB, BI]
     pv_source = PV_REGISTERS.read_text() if regs else None  # read once a program, only where it is used
+    # V fragments in flight (pv_registers.cuh's tile): the 64-head tiles with a d_tail hold the tail's
+    # gather and product too, and ptxas spilled ~550 B a thread with two
+    pv_fragments = 1 if HB == 64 and Dt else 2
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
@@ -274,6 +274,11 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         h0 = hb * HB
         scale2 = sm_scale * LOG2E
 
+        if regs:  # Q and the row ids into L2 at once: the row ids' load no longer waits out Q's HBM latency
+            T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(q[s_i, h0, 0], "r"),
+                          T.min(HB, H - h0) * (D + Dt) * 2)
+            T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, sp * split_rows], "r"),
+                          split_rows * 4)
         load_q(q, q_s, H, s_i, h0, 0)
         if Dt:
             load_q(q, qt_s, H, s_i, h0, D)
@@ -348,7 +353,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             else:
                 T.copy(acc_s, p_s)
             if regs:  # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
-                T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}>", T.address_of(acc_o[0]), T.access_ptr(k_s, "r"),
+                T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}, {pv_fragments}>", T.address_of(acc_o[0]),
+                              T.access_ptr(k_s, "r"),
                               T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
             else:
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
