@@ -14,8 +14,9 @@ kernel's output is the answer as it is (no view a call). Every shape that varies
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
 
 Hopper's tiles for the raw layout (tiles.REGISTER_V_TILE) take V from registers instead: no fp16
-copy of V in shared memory, P.V computed transposed by pv_registers.cuh (hand-written CUDA imported
-into the kernel's source), which frees the shared memory for 128-row tiles. Its narrow tiles
+copy of V in shared memory, P.V computed transposed in fp8 by pv_registers.cuh (hand-written CUDA
+imported into the kernel's source; P times P_SCALE as two e4m3 halves), which frees the shared
+memory for 128-row tiles. Its narrow tiles
 (tiles.NARROW_TILES, 16 or 32 heads) compute the scores transposed too, S^T = K . Q^T, so that both
 products take the heads as N instead of padding them to wgmma's M of 64. A call of two splits runs
 these 128-row tiles as 2-CTA clusters that merge the pair themselves (tiles.PAIRED, cluster_pair).

@@ -6,12 +6,12 @@
 // (no copy of V in shared memory: on the H200 an fp16 upcast there, its stores and the product's
 // reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P, [HEADS][rows] in shared
 // memory (K-major). The product is fp8 x fp8: V needs no conversion, only a 4 x 4 byte transpose
-// (fp16 products took a cvt a value pair: 3,000 cycles a 128-row tile at H=64 where the tensor
-// cores need 2,048). P, in [0, 2^8] (decode_tl.P_SCALE), comes as two e4m3 halves, hi = e4m3(P)
-// and lo = e4m3(P - hi), whose sum carries P to 2^-8 relative; two fp8 products take the tensor
-// cores as long as one fp16 product. The heads are the products' N, so a block of 16 or 32 heads
-// runs 16- or 32-wide products instead of 64 with the heads padded. Each warpgroup owns 256 of the
-// 512 output columns: 4 m64 x HEADS x k32 products a k-step and half of P.
+// (fp16 products took a cvt a value pair, 128 a thread for a 128-row tile). P, in [0, 2^8]
+// (decode_tl.P_SCALE), comes as two e4m3 halves, hi = e4m3(P) and lo = e4m3(P - hi), whose sum
+// carries P to 2^-8 relative; two fp8 products take the tensor cores as long as one fp16 product
+// did. The heads are the products' N, so a block of 16 or 32 heads runs 16- or 32-wide products
+// instead of 64 with the heads padded. Each warpgroup owns 256 of the 512 output columns: 4 m64 x
+// HEADS x k32 products a k-step for each half of P.
 //
 // Which output column a register row stands for is ours to choose. Thread (warpgroup g, warp w,
 // lane l) holds, for m-tile t (0..3) and accumulator register j*4 + i*2 + c of it (j < HEADS / 8):
