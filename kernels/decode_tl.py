@@ -181,23 +181,17 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     reduction a tile cost two cross-warpgroup exchanges through shared memory).
     transposed: acc_s and sum_part are [rows, heads] (decode_program's narrow tiles)."""
     heads = m.shape[0]
-    rows = acc_s.shape[0 if transposed else 1]
     for h in T.Parallel(heads):
         alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
         m[h] = T.max(m[h], m_tile[h])
     if acc_o is not None:
         for h, d in T.Parallel(heads, acc_o.shape[1]):
             acc_o[h, d] *= alpha[h]
-    # each loop runs in its fragment's own axis order: TileLang gave a [rows, heads] fragment
-    # iterated as [heads, rows] another register layout, and the tile one barrier more
-    if transposed:
-        for r, h in T.Parallel(rows, heads):
-            acc_s[r, h] = T.exp2(acc_s[r, h] * scale2 - m[h] * scale2)
-            sum_part[r, h] = sum_part[r, h] * alpha[h] + acc_s[r, h]
-    else:
-        for h, r in T.Parallel(heads, rows):
-            acc_s[h, r] = T.exp2(acc_s[h, r] * scale2 - m[h] * scale2)
-            sum_part[h, r] = sum_part[h, r] * alpha[h] + acc_s[h, r]
+    # in the fragment's own axis order: TileLang gave a [rows, heads] fragment iterated as
+    # [heads, rows] another register layout, and the tile one barrier more
+    for i, j in T.Parallel(*acc_s.shape):
+        acc_s[i, j] = T.exp2(acc_s[i, j] * scale2 - m[j if transposed else i] * scale2)
+        sum_part[i, j] = sum_part[i, j] * alpha[j if transposed else i] + acc_s[i, j]
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
@@ -341,16 +335,11 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             if row_scaled:
                 for h, r in T.Parallel(HB, BI):
                     p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
-            elif narrow:
-                for r, h in T.Parallel(BI, HB):
-                    hi, lo = fp8_halves(acc_s[r, h], fp8_dtype)
-                    p_s[0, h, r] = hi
-                    p_s[1, h, r] = lo
-            elif regs:
-                for h, r in T.Parallel(HB, BI):
-                    hi, lo = fp8_halves(acc_s[h, r], fp8_dtype)
-                    p_s[0, h, r] = hi
-                    p_s[1, h, r] = lo
+            elif regs:  # P^T's rows are the heads: [h, r] of a score fragment [r, h] (narrow) or [h, r]
+                for i, j in T.Parallel(*score_shape):
+                    hi, lo = fp8_halves(acc_s[i, j], fp8_dtype)
+                    p_s[0, j if narrow else i, i if narrow else j] = hi
+                    p_s[1, j if narrow else i, i if narrow else j] = lo
             else:
                 T.copy(acc_s, p_s)
             if regs:  # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers

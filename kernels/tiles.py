@@ -36,7 +36,7 @@ class Tile:
     threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
     warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two seesaw consumer warpgroups
     index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
-    v_in_registers: bool = False  # P.V with V converted from the fp8 tile into wgmma registers (pv_registers.cuh)
+    v_in_registers: bool = False  # P.V with V's bytes moved from the fp8 tile into wgmma registers (pv_registers.cuh)
     pairs: bool = False  # two splits a query, a 2-CTA cluster merging them (decode_tl.cluster_pair)
 
     @property

@@ -171,8 +171,8 @@ def test_bad_input_says_what_to_change():
 def test_each_hopper_tile_matches_reference(tile, blocks, d_tail, S):
     """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the opt-in
     warp-specialised kernel, DSAOPS_DECODE_WS=1, the V-in-registers tiles of 64 heads and the narrow
-    ones, and their two-split clusters), forced at any batch size, with half a head block (the rest padded) or several: spread case,
-    masked rows, an all-masked query."""
+    ones, and their two-split clusters), forced at any batch size, with half a head block (the rest
+    padded) or several: spread case, masked rows, an all-masked query."""
     H = tile.heads_per_block // 2 if blocks == "part" else 128
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.2, -1, idx).to(torch.int32)
