@@ -15,7 +15,7 @@ kernel's output is the answer as it is (no view a call). Every shape that varies
 
 Hopper's tiles for the raw layout (tiles.REGISTER_V_TILE) take V from registers instead: no fp16
 copy of V in shared memory, P.V computed transposed in fp8 by pv_registers.cuh (hand-written CUDA
-imported into the kernel's source; P times P_SCALE as two e4m3 halves), which frees the shared
+imported into the kernel's source; P times 2^P_SHIFT as two e4m3 halves), which frees the shared
 memory for 128-row tiles. Its narrow tiles
 (tiles.NARROW_TILES, 16 or 32 heads) compute the scores transposed too, S^T = K . Q^T, so that both
 products take the heads as N instead of padding them to wgmma's M of 64. A call of two splits runs
@@ -33,10 +33,11 @@ NEG_BIG = -(2.0**30)  # a finite "minus infinity" for the running max: avoids in
 PV_REGISTERS = Path(__file__).parent / "pv_registers.cuh"  # P.V of tiles with v_in_registers
 REGISTER_V_SHAPES = {(64, 64), (64, 128), (16, 128), (32, 128)}  # (heads, rows) a tile it is written for
 STAGE_PAD = 8  # bf16 columns past each staged output row (write_split): 16 bytes, 4 banks
-# V-in-registers tiles multiply P by this before splitting it into two e4m3 halves (pv_registers.cuh):
-# P <= 2^8 stays under e4m3's 448 and P down to 2^-14 stays a normal e4m3 (2^-8 relative, not the
-# subnormals' 2^-10 absolute); the output's reciprocal sum takes it back out
-P_SCALE = 256.0
+# V-in-registers tiles compute P times 2^P_SHIFT (the shift rides in the exponent, no multiply) and
+# split it into two e4m3 halves (pv_registers.cuh): P <= 2^8 stays under e4m3's 448 and P down to
+# 2^-14 stays a normal e4m3 (2^-8 relative, not the subnormals' 2^-10 absolute). The row sums add
+# the scaled P, so the output's reciprocal sum takes it back out; the lse subtracts the shift
+P_SHIFT = 8.0
 
 
 def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, threads: int, block, pdl: bool,
@@ -98,32 +99,39 @@ def load_q(q, dst, H, s_i, h0, col0):
 
 
 @T.macro
-def reciprocals(row_sum, inv_sum, p_scale=1.0):
-    """One reciprocal a head, of the row sum times p_scale (the factor P was multiplied by in the
-    PV product); 0 for a split with every row masked (row_sum 0): zeros, never NaN."""
+def reciprocals(row_sum, inv_sum):
+    """One reciprocal a head of the row sum; 0 for a split with every row masked (row_sum 0):
+    zeros, never NaN."""
     for h in T.Parallel(row_sum.shape[0]):
-        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / (row_sum[h] * p_scale))
+        inv_sum[h] = T.if_then_else(row_sum[h] == 0, 0.0, 1.0 / row_sum[h])
 
 
 def fp8_halves(p, dtype):
-    """P times P_SCALE as two e4m3 values (hi, lo) whose sum carries it to 2^-8 relative."""
-    scaled = p * P_SCALE
-    hi = scaled.astype(dtype)
-    return hi, (scaled - hi.astype(T.float32)).astype(dtype)
+    """P (already times 2^P_SHIFT) as two e4m3 values (hi, lo) whose sum carries it to 2^-8
+    relative. P - hi is taken in fp16 (hi is exact there, P rounds by 2^-11): packed conversions and
+    one subtraction a pair instead of fp32's unpack, widen and two subtractions."""
+    hi = p.astype(dtype)
+    return hi, (p.astype(T.float16) - hi.astype(T.float16)).astype(dtype)
 
 
-def head_lse(row_sum, m, scale2):
-    """A head's natural-log lse from its row sum and running max (log2 units of scale2): -inf where
-    every row was masked."""
-    return T.if_then_else(row_sum == 0, -T.infinity(T.float32), (T.log2(row_sum) + m * scale2) * LN2)
+def exp2_approx(x):
+    """2^x by the hardware approximation (ex2.approx.ftz, pv_registers.cuh): exp2f adds a range
+    check and two multiplies a value for results below 2^-126, which P.V cannot see anyway."""
+    return T.call_extern("float32", "dsaops_pv::exp2_approx", x)
+
+
+def head_lse(row_sum, m, scale2, shift=0.0):
+    """A head's natural-log lse from its row sum and running max (log2 units of scale2; shift: the
+    log2 factor the row sum carries, P_SHIFT where P was scaled): -inf where every row was masked."""
+    return T.if_then_else(row_sum == 0, -T.infinity(T.float32), (T.log2(row_sum) - shift + m * scale2) * LN2)
 
 
 @T.macro
-def write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2):
+def write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2, shift=0.0):
     """A split's lse a head."""
     for h in T.Parallel(row_sum.shape[0]):
         if h0 + h < H:
-            lse[s_i, sp * H + h0 + h] = head_lse(row_sum[h], m[h], scale2)
+            lse[s_i, sp * H + h0 + h] = head_lse(row_sum[h], m[h], scale2, shift)
 
 
 @T.macro
@@ -150,7 +158,7 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
 
 
 @T.macro
-def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2):
+def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, shift):
     """The two splits of a query (a 2-CTA cluster, tiles.PAIRED) merge through distributed shared
     memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
     warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
@@ -160,16 +168,16 @@ def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2):
     HB = inv_sum.shape[0]
     lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
     for h in T.Parallel(HB):
-        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2)
+        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2, shift)
     T.call_extern("handle", f"dsaops_pv::cluster_pair<{HB}>", T.address_of(acc_o[0]), T.access_ptr(out[s_i, h0, 0], "w"),
                   T.access_ptr(inv_sum, "r"), T.access_ptr(lse_pair, "rw"), T.access_ptr(q_s, "rw"),
                   T.access_ptr(lse[s_i, h0], "w"), H - h0)
 
 
 @T.macro
-def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=False):
-    """One tile of online softmax: scores -> probabilities (in acc_s, at most 1), added into sum_part,
-    and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
+def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=False, shift=0.0, exp2=T.exp2):
+    """One tile of online softmax: scores -> probabilities (in acc_s, at most 2^shift), added into
+    sum_part, and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
     m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
     row max, or with decode_ws the max over both warpgroups' tiles, so that both keep the same m).
 
@@ -190,7 +198,7 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     # in the fragment's own axis order: TileLang gave a [rows, heads] fragment iterated as
     # [heads, rows] another register layout, and the tile one barrier more
     for i, j in T.Parallel(*acc_s.shape):
-        acc_s[i, j] = T.exp2(acc_s[i, j] * scale2 - m[j if transposed else i] * scale2)
+        acc_s[i, j] = exp2(acc_s[i, j] * scale2 - (m[j if transposed else i] * scale2 - shift))
         sum_part[i, j] = sum_part[i, j] * alpha[j if transposed else i] + acc_s[i, j]
 
 
@@ -327,7 +335,10 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                         acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
                 T.reduce_max(acc_s, m_tile, dim=1)
 
-            online_softmax(acc_s, None if regs else acc_o, m, m_tile, alpha, sum_part, scale2, transposed=narrow)
+            if regs:  # P times 2^P_SHIFT, for its e4m3 halves
+                online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, narrow, P_SHIFT, exp2_approx)
+            else:
+                online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
             if regs:
                 for h in T.Parallel(HB):
                     alpha_s[h] = alpha[h]
@@ -351,13 +362,13 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
         T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
         if regs:
-            reciprocals(row_sum, inv_sum, P_SCALE)
+            reciprocals(row_sum, inv_sum)
         if tile.pairs:
-            cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2)
+            cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, P_SHIFT)
         elif regs:
             T.call_extern("handle", f"dsaops_pv::store<{HB}>", T.address_of(acc_o[0]),
                           T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)
-            write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2)
+            write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2, P_SHIFT)
         else:
             staged = T.alloc_shared([HB, D + STAGE_PAD], T.bfloat16)  # TileLang places it over the dead V buffer
             write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, 0, scale2, True)

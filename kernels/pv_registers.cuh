@@ -6,9 +6,9 @@
 // (no copy of V in shared memory: on the H200 an fp16 upcast there, its stores and the product's
 // reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P, [HEADS][rows] in shared
 // memory (K-major). The product is fp8 x fp8: V needs no conversion, only a 4 x 4 byte transpose
-// (fp16 products took a cvt a value pair, 128 a thread for a 128-row tile). P, in [0, 2^8]
-// (decode_tl.P_SCALE), comes as two e4m3 halves, hi = e4m3(P) and lo = e4m3(P - hi), whose sum
-// carries P to 2^-8 relative; two fp8 products take the tensor cores as long as one fp16 product
+// (fp16 products took a cvt a value pair, 128 a thread for a 128-row tile). P, times 2^8 into
+// [0, 2^8] (decode_tl.P_SHIFT), comes as two e4m3 halves, hi = e4m3(P) and lo = e4m3(P - hi), whose
+// sum carries P to 2^-8 relative; two fp8 products take the tensor cores as long as one fp16 product
 // did. The heads are the products' N, so a block of 16 or 32 heads runs 16- or 32-wide products
 // instead of 64 with the heads padded. Each warpgroup owns 256 of the 512 output columns: 4 m64 x
 // HEADS x k32 products a k-step for each half of P.
@@ -89,6 +89,13 @@ __device__ __forceinline__ void v_fragment(uint32_t (&a)[4][4], const uint8_t* t
 // waiting on HBM; prefetched, the second finds L2 (H200, H=64 S=64: 40.3 -> 40.0 us).
 __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// 2^x, the hardware approximation alone (decode_tl.exp2_approx); 0 for x = -inf (masked rows).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Waits for this thread's products in flight. tile() returns with its products still running, so
