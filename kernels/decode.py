@@ -159,10 +159,13 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
-    """(decode entry, combine entry or None, split count, padded top-k, kv_scale stand-in) for one
-    call shape, once per shape: a call then costs one look-up keyed by ints instead of the tile and
-    split choice and two hashed kernel look-ups (~4 us of host time). The stand-in fills the raw
-    layout's kv_scale argument, which its kernel never reads (one signature for both layouts)."""
+    """(decode entry, combine entry or None, split count, padded top-k, kv_scale stand-in, lse
+    scratch) for one call shape, once per shape: a call then costs one look-up keyed by ints instead
+    of the tile and split choice and two hashed kernel look-ups (~4 us of host time). The stand-in
+    fills the raw layout's kv_scale argument, which its kernel never reads (one signature for both
+    layouts). The scratch takes the lse of a call that does not return it: the kernels write it and
+    nothing reads it, so every such call may share it, on any stream (the H200's host took 3.5-4 us
+    an allocation, a quarter of a one-launch call)."""
     import torch
 
     target, sm_count = _device_facts(device_index)
@@ -179,7 +182,8 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
             entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
             n_split,
             -(-topk // rows) * rows,
-            torch.empty(1, device=f"cuda:{device_index}"))
+            torch.empty(1, device=f"cuda:{device_index}"),
+            torch.empty((S, H), dtype=torch.float32, device=f"cuda:{device_index}"))
 
 
 def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None):
@@ -190,7 +194,8 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     topk = indices.shape[2]
     dev = q.device
     device_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    decode, combine, n_split, padded, unread = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None)
+    decode, combine, n_split, padded, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile,
+                                                                  kv_scale is not None)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     if padded != topk:
@@ -198,7 +203,7 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     scale = unread if kv_scale is None else kv_scale
     # split k's heads at rows k*H.. (decode_tl.decode_kernel): one split writes the answer itself
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
-    lse = torch.empty((S, H), dtype=torch.float32, device=dev)
+    lse = torch.empty((S, H), dtype=torch.float32, device=dev) if return_lse else lse_scratch
     if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer
         decode(q, kv, scale, indices, float(sm_scale), padded // n_split, out, lse)
     else:
