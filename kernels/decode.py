@@ -3,7 +3,7 @@
 The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
 `@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into an
 in-process cache, the tile, split and kernels are chosen once per call shape (`_plan`), and a call
-does a few shape checks, two to four `torch.empty`, and one or two launches (a call of two splits
+does a few shape checks, one to four `torch.empty`, and one or two launches (a call of two splits
 runs them as clusters that merge in the kernel: tiles.PAIRED).
 """
 from __future__ import annotations
