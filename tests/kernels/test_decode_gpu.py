@@ -61,6 +61,22 @@ def test_wide_score_range_rescales_the_accumulator_mid_query():
     assert (lse - ref_lse).abs().max().item() <= 2e-3 * ref_lse.abs().max().item()
 
 
+@pytest.mark.parametrize("S", [1, 64])  # a merge kernel's call (32 splits) and a cluster's (2)
+def test_an_asked_for_lse_is_the_callers_own(S):
+    """Calls that do not return the lse share one scratch for it (decode._plan); one that does gets
+    its own tensor, which a later call of the same shape leaves alone."""
+    q, kv, idx = make(S, 64, 0, 2048, seed=5)
+    scale = D_V**-0.5
+    _, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    kept = lse.clone()
+    q2, kv2, idx2 = make(S, 64, 0, 2048, seed=6)
+    sparse_mla_decode_fp8(q2, kv2, idx2, scale)
+    _, lse2 = sparse_mla_decode_fp8(q2, kv2, idx2, scale, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(lse, kept)
+    assert lse2.data_ptr() != lse.data_ptr() and not torch.equal(lse2, lse)
+
+
 def test_topk_beyond_one_splits_row_ids_is_split_and_padded():
     """A top-k larger than a split's row-id buffer (tile.index_rows), not a multiple of the tile."""
     q, kv, idx = make(200, 64, 0, 3000, seed=12)
