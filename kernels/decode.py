@@ -164,7 +164,7 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     of the tile and split choice and two hashed kernel look-ups (~4 us of host time). The stand-in
     fills the raw layout's kv_scale argument, which its kernel never reads (one signature for both
     layouts). The scratch takes the lse of a call that does not return it: the kernels write it and
-    nothing reads it, so every such call may share it, on any stream (the H200's host took 3.5-4 us
+    nothing reads it, so every such call may share it, on any stream (the H200's host took 3.5-6 us
     an allocation, a quarter of a one-launch call)."""
     import torch
 

@@ -336,7 +336,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 T.reduce_max(acc_s, m_tile, dim=1)
 
             if regs:  # P times 2^P_SHIFT, for its e4m3 halves
-                online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, narrow, P_SHIFT, exp2_approx)
+                online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, transposed=narrow, shift=P_SHIFT,
+                               exp2=exp2_approx)
             else:
                 online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
             if regs:
