@@ -335,15 +335,14 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                         acc_s[h, r] = T.if_then_else(ids[base + r] >= 0, acc_s[h, r], -T.infinity(acc))
                 T.reduce_max(acc_s, m_tile, dim=1)
 
-            if regs:  # P times 2^P_SHIFT, for its e4m3 halves
+            if regs:  # P times 2^P_SHIFT, for its e4m3 halves; the rescale is the product's (tile)
                 online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, transposed=narrow, shift=P_SHIFT,
                                exp2=exp2_approx)
-            else:
-                online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
-            if regs:
                 for h in T.Parallel(HB):
                     alpha_s[h] = alpha[h]
                 T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
+            else:
+                online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2)
             if row_scaled:
                 for h, r in T.Parallel(HB, BI):
                     p_s[h, r] = (acc_s[h, r] * sc_s[r]).astype(pv)
@@ -356,8 +355,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 T.copy(acc_s, p_s)
             if regs:  # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
                 T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}, {pv_fragments}>", T.address_of(acc_o[0]),
-                              T.access_ptr(k_s, "r"),
-                              T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
+                              T.access_ptr(k_s, "r"), T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
             else:
                 T.gemm(p_s, v_s, acc_o, policy=T.GemmWarpPolicy.FullCol)
 
