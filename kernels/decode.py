@@ -1,10 +1,10 @@
 """Host side of the raw-fp8 sparse-MLA decode: checks, tile and split choice, compiled-kernel cache.
 
-The eager path must cost little host time (SGLang 0.5.23 spends 330-770 us a call in
-`@tilelang.jit` look-ups): kernels are compiled once per (target, tile, d_tail) into an
-in-process cache, the tile, split and kernels are chosen once per call shape (`_plan`), and a call
-does a few shape checks, one to four `torch.empty`, and one or two launches (a call of two splits
-runs them as clusters that merge in the kernel: tiles.PAIRED).
+The eager path must cost little host time (SGLang 0.5.23's `@tilelang.jit` look-ups dominate its
+eager call): kernels are compiled once per (target, tile, d_tail) into an in-process cache, the
+tile, split and kernels are chosen once per call shape (`_plan`), and a call does a few shape
+checks, one to four `torch.empty`, and one or two launches (a call of two splits runs them as
+clusters that merge in the kernel: tiles.PAIRED).
 """
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): at least enough that no split
     owns more than tile.index_rows rows (the host pads top-k to a multiple of the split count), then
     the largest power of two that keeps the grid within one wave of `sm_count` blocks and divides the
-    steps, down to one tile a split (H200, S=1: one tile a block took 5.7 us, two 8.2, and the merge
-    of 32 splits costs about what 16 do)."""
+    steps, down to one tile a split (at small batches more, shorter splits finish sooner, and the
+    merge costs about the same at any split count)."""
     blocks = S * -(-heads // tile.heads_per_block)
     n = 1
     while steps * tile.rows_per_step > n * tile.index_rows:
@@ -99,9 +99,8 @@ def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -
             and num_heads >= 1 and 1 <= topk <= tiles.MAX_TOPK)
 
 
-# Where the H200 benchmark (BENCHMARKS.md) measured this kernel at least as fast as SGLang 0.5.23's
-# fp8 decode: every case it ran, the smallest being S = 1 at H = 16 (S x H = 16). Smaller batches
-# (H = 8 at S = 1) were not measured and stay on SGLang's kernel.
+# Every batch the benchmark runs (BENCHMARKS.md), the smallest S = 1 at H = 16, is at least as fast
+# here as on SGLang 0.5.23's fp8 decode; smaller ones (H = 8 at S = 1) stay on SGLang's kernel.
 PREFERRED_MIN_QUERY_HEADS = 16
 
 
@@ -146,8 +145,8 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
     [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
     is zeros) when return_lse. q is rounded to fp8 inside the kernel for the QK^T product.
-    kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale; issue 7's
-    stretch): row i stands for kv[i] * kv_scale[i].
+    kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale): row i
+    stands for kv[i] * kv_scale[i].
     """
     _check(q, kv, indices, d_v)
     if kv_scale is not None:
@@ -161,11 +160,10 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
     """(decode entry, combine entry or None, split count, padded top-k, kv_scale stand-in, lse
     scratch) for one call shape, once per shape: a call then costs one look-up keyed by ints instead
-    of the tile and split choice and two hashed kernel look-ups (~4 us of host time). The stand-in
-    fills the raw layout's kv_scale argument, which its kernel never reads (one signature for both
-    layouts). The scratch takes the lse of a call that does not return it: the kernels write it and
-    nothing reads it, so every such call may share it, on any stream (the H200's host took 3.5-6 us
-    an allocation, a quarter of a one-launch call)."""
+    of the tile and split choice and two hashed kernel look-ups. The stand-in fills the raw layout's
+    kv_scale argument, which its kernel never reads (one signature for both layouts). The scratch
+    takes the lse of a call that does not return it: the kernels write it and nothing reads it, so
+    every such call may share it, on any stream (an allocation costs about what a launch does)."""
     import torch
 
     target, sm_count = _device_facts(device_index)

@@ -139,8 +139,8 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
     """A split's result: out columns [col0, col0 + width of acc_o) = acc_o / row_sum with one
     reciprocal a head, and with_lse its natural-log lse. The bf16 rows go through `staged` where
     given (shared, acc_o's shape with STAGE_PAD more columns: 8 rows of 1,024 B would share their
-    banks) and leave in 16-byte stores: written from the accumulator's layout, 4 bytes a store, the
-    output took 64 stores a thread with their addresses, a third of decode_tl's code."""
+    banks) and leave in 16-byte stores (from the accumulator's layout it takes 4-byte stores, each
+    with its own 64-bit address)."""
     heads, cols = acc_o.shape
     reciprocals(row_sum, inv_sum)
     if staged is None:
@@ -163,8 +163,7 @@ def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, 
     memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
     warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
     as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no
-    merge kernel runs (H200, H=64 S=64: the merge kernel took 5.5 of 44.6 us; a merge through L2 in
-    this kernel, by the split that finished second, cost more)."""
+    merge kernel runs."""
     HB = inv_sum.shape[0]
     lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
     for h in T.Parallel(HB):
@@ -181,12 +180,11 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     m_tile holds the max the running max is measured against (the caller's reduction: the tile's own
     row max, or with decode_ws the max over both warpgroups' tiles, so that both keep the same m).
 
-    The running max follows every tile and the accumulator is rescaled every tile. A lazy rescale
-    (the max moved only when it grew by 2^8, FlashAttention-4's) measured 3-4% slower on the H200 at
-    S >= 64: its block-uniform branch needed a shared flag and two more barriers a tile, which cost
-    more than the 128 multiplies a thread they saved. sum_part has acc_s's shape: each thread sums
-    its own columns, and the caller reduces it across threads once, after the last tile (a
-    reduction a tile cost two cross-warpgroup exchanges through shared memory).
+    The running max follows every tile and the accumulator is rescaled every tile: a lazy rescale's
+    block-uniform branch needs a shared flag and two more barriers a tile, which cost more than the
+    multiplies they save. sum_part has acc_s's shape: each thread sums its own columns, and the
+    caller reduces it across threads once, after the last tile (a reduction a tile would cost two
+    cross-warpgroup exchanges through shared memory).
     transposed: acc_s and sum_part are [rows, heads] (decode_program's narrow tiles)."""
     heads = m.shape[0]
     for h in T.Parallel(heads):
@@ -215,7 +213,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     tile).
     pdl: the kernel overlaps its launch with the kernel before it (overlap_launches; targets with
     "pdl" in the targets table).
-    row_scaled: the stretch layout (kv rows times kv_scale[row]; reference.row_scales). A tile's
+    row_scaled: the row-scaled layout (kv rows times kv_scale[row]; reference.row_scales). A tile's
     scales multiply its scores, and P before the PV product; P and V are then bf16 (V's fp8 values
     exactly, P scaled by any power: fp16's range would lose tiny scales), 2^-9 instead of 2^-11."""
     HB, BI = tile.heads_per_block, tile.block_rows
@@ -256,9 +254,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         # The split's row ids, loaded once: each tile's gather addresses and masks then come from
         # shared memory instead of a dependent global load (an HBM latency) per tile.
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
-        # 1 for a tile of the split with a masked (-1) row: only those tiles' scores are masked
-        # (H200, H=64: the mask read each score's row id, ~300 cycles a tile; DSA's top-k is full
-        # once a context has 2,048 tokens)
+        # 1 for a tile of the split with a masked (-1) row: only those tiles' scores are masked (the
+        # mask reads each score's row id, and DSA's top-k is full once a context has 2,048 tokens)
         masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
 
         acc_s = T.alloc_fragment(score_shape, acc)
@@ -317,8 +314,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 if masked[t] != 0:
                     for r, h in T.Parallel(BI, HB):
                         acc_s[r, h] = T.if_then_else(ids[base + r] >= 0, acc_s[r, h], -T.infinity(acc))
-                # a head's rows span all 8 warps: one exchange for all of a thread's heads (H200, H=16
-                # S=256: 104 us; one exchange a head, 6 barriers each, 108)
+                # a head's rows span all 8 warps: one exchange for all of a thread's heads, not one a
+                # head (each 6 barriers)
                 T.reduce_max(acc_s, m_tile, dim=0, batch=HB // 4)
             else:
                 T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
@@ -384,10 +381,9 @@ def combine_program(d_v: int, splits: int, *, threads: int = 64, pdl: bool = Fal
     16 bytes of the rows of its group's splits (all issued first); meanwhile the first warp takes one
     split a lane, so the max, the weights and their total are two warp reductions, and hands the
     weights over in shared memory. Groups add their sums in shared memory. Nothing a thread does grows
-    with the split count beyond its group's rows: a merge whose every thread read every split's lse
-    and rows took 1.6 / 2.3 / 3.3 / 5.6 us at 4 / 8 / 16 / 32 splits on the H200 (an empty kernel
-    1.5), ~60 dependent instructions a split in a block of two warps. `warp`: the target's lanes a
-    warp (Target.warp_lanes), at least `splits`."""
+    with the split count beyond its group's rows (a merge whose every thread reads every split's lse
+    and rows runs ~60 dependent instructions a split). `warp`: the target's lanes a warp
+    (Target.warp_lanes), at least `splits`."""
     if splits > warp:
         raise ValueError(f"the merge takes one split a lane: at most {warp} splits, not {splits}")
     acc = T.float32

@@ -106,9 +106,8 @@ def _amax_bits(x):
 def _scale_to_e4m3(x, inv_scale):
     """x times its row's inverse scale (positive), rounded to the nearest e4m3 value (ties to even),
     still in float32, with exact integer and power-of-two steps. Scaled rows are arbitrary float32
-    values, and on the H200 the hardware conversion's bytes for them differed from torch's cast
-    (rounding through float16 first reproduces such differences: 41 of 20,480 values of the test
-    data). A value on the e4m3 grid converts exactly by any route. Raw rows need none of this:
+    values, for which a GPU's hardware conversion can give other bytes than torch's cast (rounding
+    through float16 first, as it may, differs on a few values of the test data). A value on the e4m3 grid converts exactly by any route. Raw rows need none of this:
     bfloat16 values survive a float16 step unrounded."""
     y = x * inv_scale[:, None]
     magnitude = y.to(tl.uint32, bitcast=True) & 0x7FFFFFFF
@@ -119,7 +118,7 @@ def _scale_to_e4m3(x, inv_scale):
     rounded = tl.where(magnitude >= 0x3C800000, normal.to(tl.float32, bitcast=True), small)
     rounded = tl.where(magnitude >= 0x7F800000, tl.abs(y), rounded)  # inf and NaN as they are
     # The sign bit comes from x's bits: a GPU's product with a NaN is its canonical, positive NaN,
-    # while torch's cast keeps a NaN's sign (the H200 wrote 0x7F where torch had 0xFF); Triton negates
+    # while torch's cast keeps a NaN's sign (0x7F from the GPU where torch has 0xFF); Triton negates
     # as 0 - x, which loses -0.0; and no literal past int32 (Triton would widen the operation).
     sign = (x.to(tl.uint32, bitcast=True) >> 31) << 31
     return (rounded.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
@@ -185,7 +184,7 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None)
     `dsaops.kernels.reference.write_kv_fp8` checks them.
     k_nope [N, d_nope] or [N, 1, d_nope] in bf16/fp16/fp32; k_rope likewise, or None for NoPE; d_nope + d_rope == d.
     Rows not named by loc, and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
-    kv_scale [slots] float32: write the row-scaled layout instead (issue 7's stretch): each row
+    kv_scale [slots] float32: write the row-scaled layout instead: each row
     multiplied by fp8 max / amax(row) before the cast, amax / fp8 max into kv_scale[loc[i]]
     (`reference.row_scales`).
     """

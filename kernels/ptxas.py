@@ -4,7 +4,7 @@ the kernel's wgmma instructions.
 ptxas serializes every wgmma of a kernel (each product waits for the previous one to finish; info
 C7514) when anything reads an accumulator while a product into it may still be in flight. TileLang
 emits an operand fence after every asynchronous `T.wgmma_gemm`, so a product left in flight across
-a loop's back edge is enough: decode_ws lost 4% to it on the H200 before it was found. The check
+a loop's back edge is enough, and nothing but ptxas's info line says so. The check
 compiles the source once more with `--ptxas-options=-v` (TileLang's own compile keeps that output
 to itself), so it runs where it is asked for: `dsaops kernels compile --ptxas` and the CI tests.
 """

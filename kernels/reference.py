@@ -81,7 +81,7 @@ TINY_AMAX = 2.0**-100
 
 
 def row_scales(x, dtype=torch.float8_e4m3fn):
-    """Per-row (scale, inverse) of the row-scaled fp8 layout (issue 7's stretch) for x [N, d]:
+    """Per-row (scale, inverse) of the row-scaled fp8 layout for x [N, d]:
     scale = amax(row) / fp8 max and inverse = fp8 max / amax(row), each one IEEE float32 division,
     so each row's largest value lands on the format's largest; (1, 1) for a row whose amax is not
     finite or at most TINY_AMAX. Dividing by the exact scale rather than a power of two matters:

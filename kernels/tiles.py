@@ -84,17 +84,16 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
 WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 # Hopper, raw layout, 64 heads a block (and any head count where a batch is too small to fill the GPU
 # with 128-row splits): P.V with V in registers (pv_registers.cuh). Without a V buffer 128-row tiles
-# fit, which halve the barriers and reductions a row (H200, H=64 S=256: 149 us, 159 with 64 rows);
-# 64-row tiles for the small batches (too_few_queries: S=1 9.6 us against 10.8).
+# fit, which halve the barriers and reductions a row; 64-row tiles for the small batches
+# (too_few_queries), which allow twice the splits.
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
 REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 # Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
 # heads as wgmma's N, instead of padded to 64 (decode_tl.decode_program's narrow tiles)
 NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 # Each 128-row tile above as a cluster of two splits that merge through distributed shared memory:
-# the dispatch's kernel where a call has two splits (H200, H=64 S=64: the merge kernel took 5.5 of
-# 44.6 us; merged in the decode kernel through L2 instead, 47.1). The 64-row tile never gets two
-# splits (too_few_queries leaves at most 8 blocks, which take 16 or more).
+# the dispatch's kernel where a call has two splits (no merge kernel, no partial through L2). The
+# 64-row tile never gets two splits (too_few_queries leaves at most 8 blocks, which take 16 or more).
 PAIRED = {tile: dataclasses.replace(tile, pairs=True) for tile in (REGISTER_V_TILE, *NARROW_TILES.values())}
 
 
@@ -129,8 +128,7 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
 
     Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
     warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
-    DSAOPS_DECODE_WS (default off: on the H200 it measured slower than the pipelined kernel,
-    202-226 vs 172-191 us at S=256, see BENCHMARKS.md). row_scaled: a tile for the row-scaled
+    DSAOPS_DECODE_WS (default off: it measured slower than the pipelined kernel). row_scaled: a tile for the row-scaled
     layout (decode_tl's pipelined kernel with V upcast in shared memory; never the warp-specialised
     one, which reads the raw layout only). few_queries: the batch is too small to fill the GPU with
     the large tile's splits (too_few_queries).
@@ -143,16 +141,15 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
     if warp_specialized and not row_scaled and ws_fits:
         return WS_TILE
     if target.has("wgmma") and not row_scaled:
-        # 16 or 32 heads a block: the narrow tiles, the heads as the products' N (H200, S=256: 104 /
-        # 123 us at H=16 / 32 against 135 / 137 with the heads padded to 64). A batch too small to
-        # fill the SMs takes the 64-row tile, its heads padded to wgmma's M of 64 (the narrow tiles'
-        # products need 128 rows, 64 a warpgroup)
+        # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
+        # 64. A batch too small to fill the SMs takes the 64-row tile, its heads padded to wgmma's M
+        # of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup)
         tile = REGISTER_V_TILE_FEW_QUERIES if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
         if smem_bytes(tile, d_tail) <= budget:
             return tile
     if hb == 32 and target.has("wgmma"):
         # (the row-scaled layout's upcast kernel) a 32-head block leaves wgmma's products half empty
-        # and measured slower than 64 heads with 32 of them padded (H200, BENCHMARKS.md)
+        # and measured slower than 64 heads with 32 of them padded
         hb = 64
     # Fewer heads a block (each KV tile then read once per head block) only where no tile of all
     # the heads fits: gfx942's 64 KB of LDS.

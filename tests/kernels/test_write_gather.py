@@ -81,7 +81,7 @@ def test_write_matches_reference_and_leaves_other_rows(dev, with_rope, loc_dtype
 
 @pytest.mark.parametrize("with_rope", [False, True], ids=["nope", "nope+rope"])
 def test_row_scaled_write_matches_reference_bytes_and_scales(dev, with_rope):
-    """The stretch layout: rows from 1e-6 to 1e4 (raw e4m3 flushes the small ones and saturates the
+    """The row-scaled layout: rows from 1e-6 to 1e4 (raw e4m3 flushes the small ones and saturates the
     large), a zero row, rows holding inf and NaN; scales and bytes equal the reference's."""
     g = torch.Generator().manual_seed(7)
     slots, n, d_rope = 96, 40, 64 if with_rope else 0
