@@ -17,32 +17,34 @@ from dsaops.cache import cache_dir
 
 FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
 
-def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
-    """Compile (or load from TILELANG_CACHE_DIR) the decode kernel for one tile (for the row-scaled
-    layout with row_scaled), or the split merge when tile is a tiles.Combine. Returns a tilelang JITKernel."""
-    os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
-    import tilelang
-    from dsaops.kernels import decode_tl
-
-    configs = {}
+def program(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
+    """The TileLang program of one decode tile on `target` (V in registers: decode_regs; V in shared
+    memory: decode_smem; for the row-scaled layout with row_scaled), or the split merge when tile is
+    a tiles.Combine."""
     pdl = target.has("pdl")
     if isinstance(tile, tiles.Combine):
-        program = decode_tl.combine_program(d_v, tile.splits, pdl=pdl, warp=target.warp_lanes)
-    elif tile.warp_specialized:
-        if row_scaled:
-            raise ValueError("the warp-specialised kernel reads the raw layout only; use a decode_tl tile")
-        from dsaops.kernels import decode_ws
+        from dsaops.kernels import decode_merge
 
-        program = decode_ws.decode_ws_program(d_v, d_tail, block_rows=tile.block_rows, stages=tile.stages,
-                                             fp8_dtype=target.fp8_dtype, pdl=pdl)
-        # row ids are the caller's contract (< slots), as in SGLang's kernels; the bounds guards
-        # TileLang would add cost a compare per 16-byte copy
-        configs[tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS] = True
-    else:
-        program = decode_tl.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
-                                           row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled,
-                                           pdl=pdl)
-    return tilelang.compile(program, target=target.tilelang_target, pass_configs=configs)
+        return decode_merge.combine_program(d_v, tile.splits, pdl=pdl, warp=target.warp_lanes)
+    if tile.v_in_registers:
+        if row_scaled:
+            raise ValueError(f"V from registers (pv_registers.cuh) reads the raw layout only, not the row-scaled: {tile}")
+        from dsaops.kernels import decode_regs
+
+        return decode_regs.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype, pdl=pdl)
+    from dsaops.kernels import decode_smem
+
+    return decode_smem.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
+                                      row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled, pdl=pdl)
+
+
+def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
+    """Compile (or load from TILELANG_CACHE_DIR) `program`'s kernel. Returns a tilelang JITKernel."""
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
+    import tilelang
+
+    return tilelang.compile(program(target, tile, d_tail, d_v, row_scaled), target=target.tilelang_target,
+                            pass_configs={})
 
 
 _kernel = functools.cache(compile_kernel)  # (target, tile, d_tail) -> kernel, once per process
@@ -78,14 +80,14 @@ def _device_facts(index: int):
 
 
 def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
-    """Splits of the top-k range (`steps` = top-k / tile.rows_per_step): at least enough that no split
+    """Splits of the top-k range (`steps` = top-k / tile.block_rows): at least enough that no split
     owns more than tile.index_rows rows (the host pads top-k to a multiple of the split count), then
     the largest power of two that keeps the grid within one wave of `sm_count` blocks and divides the
     steps, down to one tile a split (at small batches more, shorter splits finish sooner, and the
     merge costs about the same at any split count)."""
     blocks = S * -(-heads // tile.heads_per_block)
     n = 1
-    while steps * tile.rows_per_step > n * tile.index_rows:
+    while steps * tile.block_rows > n * tile.index_rows:
         n *= 2
     while blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0:
         n *= 2
@@ -167,14 +169,14 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     import torch
 
     target, sm_count = _device_facts(device_index)
-    # the batch size picks between Hopper's two tiles; DSAOPS_DECODE_WS, the opt-in seesaw (raw layout)
+    # the batch size picks between Hopper's two tiles
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=few)
-    n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.rows_per_step), tile, sm_count)
+    n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
     if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
         tile = tiles.PAIRED[tile]
-    rows = tile.rows_per_step * n_split
-    if -(-topk // rows) * tile.rows_per_step > tile.index_rows:  # a forced two-split tile only
+    rows = tile.block_rows * n_split
+    if -(-topk // rows) * tile.block_rows > tile.index_rows:  # a forced two-split tile only
         raise ValueError(f"top-k {topk} needs more than {tile.name}'s {n_split} splits of {tile.index_rows} rows")
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
             entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
@@ -199,7 +201,7 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     if padded != topk:
         indices = torch.nn.functional.pad(indices, (0, padded - topk), value=-1)
     scale = unread if kv_scale is None else kv_scale
-    # split k's heads at rows k*H.. (decode_tl.decode_kernel): one split writes the answer itself
+    # split k's heads at rows k*H.. (decode_parts.decode_kernel): one split writes the answer itself
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((S, H), dtype=torch.float32, device=dev) if return_lse else lse_scratch
     if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer

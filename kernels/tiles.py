@@ -2,7 +2,7 @@
 
 A tile is what one compiled decode kernel is specialised for; everything else (S, H up to the
 block's head count, top-k, pool size, split count) is a run-time shape. The shared-memory
-estimate mirrors the buffers decode_tl.py allocates; CI compiles every tile and checks the
+estimate mirrors the buffers decode_regs.py and decode_smem.py allocate; CI compiles every tile and checks the
 compiler's real figure against the budget too (the estimate only picks, the compiler decides).
 Stdlib only: the CLI and the routing patch import this without torch or TileLang.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from dataclasses import dataclass
 
 D_V = 512
@@ -34,27 +33,21 @@ class Tile:
     block_rows: int       # top-k rows gathered per pipeline step
     stages: int           # depth of the gather ring
     threads: int = 256    # two warpgroups: the 64 x 512 fp32 accumulator does not fit one
-    warp_specialized: bool = False  # decode_ws (Hopper, 64 heads): producer + two seesaw consumer warpgroups
     index_rows: int = 2048  # most top-k rows one split owns: its row ids are held in shared memory
     v_in_registers: bool = False  # P.V with V's bytes moved from the fp8 tile into wgmma registers (pv_registers.cuh)
-    pairs: bool = False  # two splits a query, a 2-CTA cluster merging them (decode_tl.cluster_pair)
+    pairs: bool = False  # two splits a query, a 2-CTA cluster merging them (decode_regs.cluster_pair)
 
     @property
     def name(self) -> str:
-        return (f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}" + ("_ws" if self.warp_specialized else "")
+        return (f"h{self.heads_per_block}_r{self.block_rows}_s{self.stages}"
                 + (f"_i{self.index_rows}" if self.index_rows != 2048 else "") + ("_vr" if self.v_in_registers else "")
                 + ("_pair" if self.pairs else ""))
 
     @property
     def transposed_scores(self) -> bool:
         """Fewer heads than wgmma's M of 64 with V in registers: S^T = K . Q^T with the heads as the
-        products' N (decode_tl's narrow tiles) instead of padded to 64."""
+        products' N (decode_regs' narrow tiles) instead of padded to 64."""
         return self.v_in_registers and self.heads_per_block < 64
-
-    @property
-    def rows_per_step(self) -> int:
-        """Top-k granularity of a split: the warp-specialised kernel handles tiles in pairs."""
-        return self.block_rows * (2 if self.warp_specialized else 1)
 
 
 def heads_per_block(heads: int) -> int:
@@ -66,22 +59,20 @@ def heads_per_block(heads: int) -> int:
 
 
 def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
-    """Shared memory of the decode kernel for this tile, dynamic and static (see decode_tl.decode_program)."""
+    """Shared memory of the decode kernel for this tile, dynamic and static (decode_regs, decode_smem)."""
     width = d_v + d_tail
     hb, br = tile.heads_per_block, tile.block_rows
     return (hb * width                  # Q in fp8
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
-            # P: two e4m3 halves 128 rows wide (V in registers), else fp16 (decode_ws: one per consumer)
-            + (2 * hb * 128 if tile.v_in_registers else (2 if tile.warp_specialized else 1) * hb * br * 2)
-            + (0 if tile.warp_specialized else 4 * tile.index_rows + 4 * tile.index_rows // br)  # row ids, masked tiles
+            + (2 * hb * 128 if tile.v_in_registers else hb * br * 2)  # P: two e4m3 halves 128 rows wide, or fp16
+            + 4 * tile.index_rows + 4 * tile.index_rows // br  # row ids, masked tiles
             # transposed scores: the row max exchanges 4 B a thread for each head it holds (hb / 4),
             # where other tiles' reductions exchange 4 B (counted in the extra)
             + (tile.threads * (hb - 4) if tile.transposed_scores else 0)
             + _COMPILER_EXTRA)
 
 
-WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 # Hopper, raw layout, 64 heads a block (and any head count where a batch is too small to fill the GPU
 # with 128-row splits): P.V with V in registers (pv_registers.cuh). Without a V buffer 128-row tiles
 # fit, which halve the barriers and reductions a row; 64-row tiles for the small batches
@@ -89,7 +80,7 @@ WS_TILE = Tile(64, 64, 3, threads=384, warp_specialized=True)
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
 REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 # Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
-# heads as wgmma's N, instead of padded to 64 (decode_tl.decode_program's narrow tiles)
+# heads as wgmma's N, instead of padded to 64 (decode_regs' narrow tiles)
 NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 # Each 128-row tile above as a cluster of two splits that merge through distributed shared memory:
 # the dispatch's kernel where a call has two splits (no merge kernel, no partial through L2). The
@@ -104,7 +95,7 @@ def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
 
 @dataclass(frozen=True)
 class Combine:
-    """The split merge (decode_tl.combine_program) for up to `splits` splits: a call of n_split <=
+    """The split merge (decode_merge.combine_program) for up to `splits` splits: a call of n_split <=
     splits runs it, with splits / 4 thread groups a block, of which the first ceil(n_split / 4)
     read rows; the smallest merge that holds a call keeps the idle ones few."""
     splits: int
@@ -122,24 +113,15 @@ def combine_for(n_split: int) -> Combine:
     return next(c for c in COMBINES if n_split <= c.splits)
 
 
-def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None = None,
-           row_scaled: bool = False, few_queries: bool = False) -> Tile:
+def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_queries: bool = False) -> Tile:
     """The tile the dispatch uses for `heads` on `target` (a dsaops.targets.Target).
 
     Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
-    warp_specialized: use decode_ws (Hopper, 64-head blocks) where it fits; None reads
-    DSAOPS_DECODE_WS (default off: it measured slower than the pipelined kernel). row_scaled: a tile for the row-scaled
-    layout (decode_tl's pipelined kernel with V upcast in shared memory; never the warp-specialised
-    one, which reads the raw layout only). few_queries: the batch is too small to fill the GPU with
-    the large tile's splits (too_few_queries).
+    row_scaled: a tile for the row-scaled layout (decode_smem, V upcast in shared memory).
+    few_queries: the batch is too small to fill the GPU with the large tile's splits (too_few_queries).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
-    if warp_specialized is None:
-        warp_specialized = os.environ.get("DSAOPS_DECODE_WS") == "1"
-    ws_fits = hb == 64 and target.has("wgmma") and smem_bytes(WS_TILE, d_tail) <= budget
-    if warp_specialized and not row_scaled and ws_fits:
-        return WS_TILE
     if target.has("wgmma") and not row_scaled:
         # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
         # 64. A batch too small to fill the SMs takes the 64-row tile, its heads padded to wgmma's M
@@ -165,8 +147,8 @@ def choose(target, heads: int, d_tail: int = 64, warp_specialized: bool | None =
 
 def configurations(target, row_scaled: bool = False) -> list[tuple[int, int, Tile]]:
     """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout, or the
-    row-scaled one (top-k and S are symbolic; every batch size's tile, its two-split cluster
-    (PAIRED) and the opt-in warp-specialised one included)."""
-    chosen = [(h, dt, choose(target, h, warp_specialized=ws, row_scaled=row_scaled, few_queries=few))
-              for h in HEAD_COUNTS for dt in D_TAILS for ws in (False, True) for few in (False, True)]
+    row-scaled one (top-k and S are symbolic; every batch size's tile and its two-split cluster
+    (PAIRED) included)."""
+    chosen = [(h, dt, choose(target, h, row_scaled=row_scaled, few_queries=few))
+              for h in HEAD_COUNTS for dt in D_TAILS for few in (False, True)]
     return list(dict.fromkeys(chosen + [(h, dt, PAIRED[tile]) for h, dt, tile in chosen if tile in PAIRED]))

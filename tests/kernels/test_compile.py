@@ -75,8 +75,7 @@ def test_decode_launches_the_compiled_entry_under_tilelangs_wrapper(built, monke
 
 
 def test_hopper_uses_wgmma_and_gb10_does_not(built):
-    assert built["sm_90"][(tiles.WS_TILE, 0)].uses_wgmma
-    assert built["sm_90"][(tiles.choose(targets.get("sm_90"), 64, warp_specialized=False), 0)].uses_wgmma
+    assert built["sm_90"][(tiles.choose(targets.get("sm_90"), 64), 0)].uses_wgmma
     assert not any(b.uses_wgmma for b in built["sm_121"].values())
 
 
@@ -103,16 +102,16 @@ def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
 
 def test_a_merge_of_more_splits_than_a_warp_has_lanes_is_refused():
     """The merge reduces the splits' lse in one warp, one split a lane."""
-    from dsaops.kernels import decode_tl
+    from dsaops.kernels import decode_merge
 
     with pytest.raises(ValueError, match="at most 32 splits, not 64"):
-        decode_tl.combine_program(tiles.D_V, 64)
+        decode_merge.combine_program(tiles.D_V, 64)
     assert tiles.MAX_SPLITS <= 32
 
 
 def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
     """ptxas serializes every wgmma of a kernel (C7514) when an accumulator may be read while a
-    product into it is in flight; decode_ws lost 4% on the H200 to one such product."""
+    product into it is in flight, which nothing but ptxas's info line reports."""
     for b in built["sm_90"].values():
         assert not b.ptxas.wgmma_serialized, b.kernel
         assert b.ptxas.spill_bytes == 0, (b.kernel, b.ptxas)
@@ -192,11 +191,11 @@ def test_gfx942_hip_source_or_the_reason_it_cannot_be_made(built):
     """HIP code generation without hipcc (tilelang.lower). TileLang 0.1.12's HIP backend aborts on
     the vectorised fp8 casts the kernel uses; when that changes this test fails: enable gfx942."""
     import tilelang
-    from dsaops.kernels import decode_tl
+    from dsaops.kernels import decode
     from tilelang import tvm
 
     t = targets.get("gfx942")
-    program = decode_tl.decode_program(tiles.choose(t, 16), 512, 0, fp8_dtype=t.fp8_dtype)
+    program = decode.program(t, tiles.choose(t, 16), 0)
     try:
         with tvm.target.Target(t.tilelang_target):
             source = tilelang.lower(program, target=t.tilelang_target, enable_device_compile=False).kernel_source

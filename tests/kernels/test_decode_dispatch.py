@@ -25,17 +25,14 @@ def test_importing_the_package_loads_neither_torch_nor_tilelang():
 def test_tiles_come_from_the_targets_table(heads, block_heads):
     for name in ("sm_90", "sm_121", "gfx942"):
         t = targets.get(name)
-        for ws in (False, True):
-            tile = tiles.choose(t, heads, warp_specialized=ws)
-            want = block_heads
-            if name == "gfx942" and block_heads == 64:
-                want = 32  # its 64 KB of LDS holds no 64-head tile: two 32-head blocks a query
-            assert tile.heads_per_block == want
-            if t.has("wgmma"):  # too few queries for the 128-row tiles: wgmma's M of 64 pads the heads
-                assert tiles.choose(t, heads, warp_specialized=ws, few_queries=True).heads_per_block == 64
-            assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
-            # only Hopper (wgmma in its features) can take the warp-specialised kernel, for full blocks
-            assert tile.warp_specialized == (ws and t.has("wgmma") and block_heads == 64)
+        tile = tiles.choose(t, heads)
+        want = block_heads
+        if name == "gfx942" and block_heads == 64:
+            want = 32  # its 64 KB of LDS holds no 64-head tile: two 32-head blocks a query
+        assert tile.heads_per_block == want
+        if t.has("wgmma"):  # too few queries for the 128-row tiles: wgmma's M of 64 pads the heads
+            assert tiles.choose(t, heads, few_queries=True).heads_per_block == 64
+        assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
 
 
 def test_gb10_gets_smaller_tiles_than_hopper():
@@ -51,15 +48,6 @@ def test_no_tile_fits_a_tiny_budget():
         tiles.choose(tiny, 64)
 
 
-def test_warp_specialised_kernel_is_opt_in(monkeypatch):
-    hopper = targets.get("sm_90")
-    monkeypatch.delenv("DSAOPS_DECODE_WS", raising=False)
-    assert not tiles.choose(hopper, 64).warp_specialized
-    monkeypatch.setenv("DSAOPS_DECODE_WS", "1")
-    assert tiles.choose(hopper, 64).warp_specialized
-    assert tiles.WS_TILE in {tile for _, _, tile in tiles.configurations(hopper)}  # compiled in CI too
-
-
 def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
     hopper = targets.get("sm_90")
     for heads in tiles.HEAD_COUNTS:
@@ -71,9 +59,8 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
             assert not tiles.choose(targets.get(name), heads).v_in_registers
     rows = {tile.block_rows for _, _, tile in tiles.configurations(hopper) if tile.v_in_registers}
     assert rows == {64, 128}  # both compiled in CI
-    # the row-scaled layout's kernels: neither V in registers nor the raw-layout-only seesaw, even when asked
-    assert not tiles.choose(hopper, 64, warp_specialized=True, row_scaled=True).warp_specialized
-    assert not any(t.v_in_registers or t.warp_specialized for _, _, t in tiles.configurations(hopper, row_scaled=True))
+    # the row-scaled layout's kernels upcast V in shared memory
+    assert not any(t.v_in_registers for _, _, t in tiles.configurations(hopper, row_scaled=True))
 
 
 def test_two_splits_run_as_a_cluster_of_the_hopper_128_row_tiles():
@@ -91,12 +78,13 @@ def test_two_splits_run_as_a_cluster_of_the_hopper_128_row_tiles():
 
 
 def test_a_cluster_pair_needs_the_register_accumulator():
-    from dsaops.kernels import decode_tl
+    from dsaops.kernels import decode
 
-    for tile in (dataclasses.replace(tiles.choose(targets.get("sm_121"), 64), pairs=True),
-                 dataclasses.replace(tiles.WS_TILE, pairs=True, warp_specialized=False)):
+    for name in ("sm_121", "sm_90"):
+        t = targets.get(name)
+        tile = dataclasses.replace(tiles.choose(t, 64, row_scaled=True), pairs=True)
         with pytest.raises(ValueError, match="two-split cluster"):
-            decode_tl.decode_program(tile, 512, 0)
+            decode.program(t, tile, 0)
 
 
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (8, 64, True), (9, 64, False), (16, 16, False),
@@ -106,7 +94,7 @@ def test_few_queries_is_when_128_row_splits_cannot_fill_the_sms(S, heads, few):
 
 
 def test_v_in_registers_is_refused_where_it_was_not_written_for():
-    from dsaops.kernels import decode_tl
+    from dsaops.kernels import decode
 
     for tile, row_scaled in ((tiles.REGISTER_V_TILE, True), (dataclasses.replace(tiles.REGISTER_V_TILE, block_rows=32), False),
                              (dataclasses.replace(tiles.REGISTER_V_TILE, heads_per_block=8), False),
@@ -114,15 +102,15 @@ def test_v_in_registers_is_refused_where_it_was_not_written_for():
                              # a narrow tile's products take 64 rows a warpgroup
                              (dataclasses.replace(tiles.NARROW_TILES[16], block_rows=64), False)):
         with pytest.raises(ValueError, match="V from registers"):
-            decode_tl.decode_program(tile, 512, 0, row_scaled=row_scaled)
+            decode.program(targets.get("sm_90"), tile, 0, row_scaled=row_scaled)
 
 
-@pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 16), (16, 64, 8), (64, 64, 2), (256, 64, 1),
+@pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 32), (16, 64, 8), (64, 64, 2), (256, 64, 1),
                                                   (1, 16, 32), (4, 16, 32), (64, 16, 2), (128, 128, 1)])
 def test_split_fills_the_sms_down_to_a_tile_a_split(S, heads, want):
     few = tiles.too_few_queries(S, heads, 2048, sm_count=132)
-    tile = tiles.choose(targets.get("sm_90"), heads, warp_specialized=heads >= 64, few_queries=few)
-    steps = 2048 // tile.rows_per_step
+    tile = tiles.choose(targets.get("sm_90"), heads, few_queries=few)
+    steps = 2048 // tile.block_rows
     n = choose_split(S, heads, steps, tile, sm_count=132)
     assert n == want
     assert steps % n == 0 and steps // n >= 1
@@ -138,9 +126,9 @@ def test_split_keeps_each_splits_row_ids_within_the_tile():
     """A split holds its row ids in shared memory: top-k beyond tile.index_rows forces more splits,
     even where one wave is already full."""
     tile = dataclasses.replace(tiles.choose(targets.get("sm_90"), 64), index_rows=1024)
-    assert choose_split(256, 64, 2048 // tile.rows_per_step, tile, sm_count=132) == 2
-    assert choose_split(256, 64, 1024 // tile.rows_per_step, tile, sm_count=132) == 1
-    assert choose_split(1, 64, 8192 // tile.rows_per_step, tile, sm_count=132) == 32
+    assert choose_split(256, 64, 2048 // tile.block_rows, tile, sm_count=132) == 2
+    assert choose_split(256, 64, 1024 // tile.block_rows, tile, sm_count=132) == 1
+    assert choose_split(1, 64, 8192 // tile.block_rows, tile, sm_count=132) == 32
 
 
 @pytest.mark.parametrize(("args", "ok"), [

@@ -136,7 +136,7 @@ def test_random_masks_match_reference_and_all_masked_row_is_zero(S):
 @pytest.mark.parametrize(("S", "H"), [(64, 16), (64, 64), (33, 100)])
 def test_two_splits_merge_in_their_cluster(S, H):
     """64 to 132 blocks take two splits a query, run as 2-block clusters that merge through
-    distributed shared memory (tiles.PAIRED, decode_tl.cluster_pair), with no merge kernel: right
+    distributed shared memory (tiles.PAIRED, decode_regs.cluster_pair), with no merge kernel: right
     for a query whose second split saw only masked rows, one whose first did, one with every row
     masked (zeros, lse -inf), and for a head count that pads its last head block (100 = 64 + 36)."""
     scale = D_V**-0.5
@@ -185,9 +185,8 @@ def test_bad_input_says_what_to_change():
 @pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 40])
 def test_each_hopper_tile_matches_reference(tile, blocks, d_tail, S):
-    """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the opt-in
-    warp-specialised kernel, DSAOPS_DECODE_WS=1, the V-in-registers tiles of 64 heads and the narrow
-    ones, and their two-split clusters), forced at any batch size, with half a head block (the rest
+    """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the V-in-registers
+    tiles of 64 heads and the narrow ones, and their two-split clusters), forced at any batch size, with half a head block (the rest
     padded) or several: spread case, masked rows, an all-masked query."""
     H = tile.heads_per_block // 2 if blocks == "part" else 128
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)

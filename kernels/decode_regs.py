@@ -1,0 +1,164 @@
+"""Hopper's decode tiles for the raw layout with V taken from registers (tiles.REGISTER_V_TILE and
+its few-queries and narrow variants): P.V is computed transposed in fp8 by pv_registers.cuh
+(hand-written CUDA imported into the kernel's source; P times 2^P_SHIFT as two e4m3 halves), so no
+copy of V sits in shared memory, which frees it for 128-row tiles. The narrow tiles
+(tiles.NARROW_TILES, 16 or 32 heads) compute the scores transposed too, S^T = K . Q^T, so that both
+products take the heads as N instead of padding them to wgmma's M of 64. A call of two splits runs
+the 128-row tiles as 2-CTA clusters that merge the pair themselves (tiles.PAIRED, cluster_pair).
+"""
+
+from pathlib import Path
+
+import tilelang.language as T
+from dsaops.kernels.decode_parts import (
+    LOG2E,
+    NEG_BIG,
+    decode_kernel,
+    gather,
+    head_lse,
+    load_q,
+    load_row_ids,
+    mask_scores,
+    online_softmax,
+    reciprocals,
+    scores,
+    write_lse,
+)
+from tilelang.layout import make_full_bank_swizzled_layout
+
+PV_REGISTERS = Path(__file__).parent / "pv_registers.cuh"  # P.V of these tiles
+SHAPES = {(64, 64), (64, 128), (16, 128), (32, 128)}  # (heads, rows) of a tile pv_registers.cuh is written for
+# P times 2^P_SHIFT (the shift rides in the exponent, no multiply) is split into two e4m3 halves
+# (pv_registers.cuh): P <= 2^8 stays under e4m3's 448 and P down to 2^-14 stays a normal e4m3 (2^-8
+# relative, not the subnormals' 2^-10 absolute). The row sums add the scaled P, so the output's
+# reciprocal sum takes it back out; the lse subtracts the shift
+P_SHIFT = 8.0
+
+
+def fp8_halves(p, dtype):
+    """P (already times 2^P_SHIFT) as two e4m3 values (hi, lo) whose sum carries it to 2^-8
+    relative. P - hi is taken in fp16 (hi is exact there, P rounds by 2^-11): packed conversions and
+    one subtraction a pair instead of fp32's unpack, widen and two subtractions."""
+    hi = p.astype(dtype)
+    return hi, (p.astype(T.float16) - hi.astype(T.float16)).astype(dtype)
+
+
+def exp2_approx(x):
+    """2^x by the hardware approximation (ex2.approx.ftz, pv_registers.cuh): exp2f adds a range
+    check and two multiplies a value for results below 2^-126, which P.V cannot see anyway."""
+    return T.call_extern("float32", "dsaops_pv::exp2_approx", x)
+
+
+@T.macro
+def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, shift):
+    """The two splits of a query (a 2-CTA cluster, tiles.PAIRED) merge through distributed shared
+    memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
+    warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
+    as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no
+    merge kernel runs."""
+    HB = inv_sum.shape[0]
+    lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
+    for h in T.Parallel(HB):
+        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2, shift)
+    T.call_extern("handle", f"dsaops_pv::cluster_pair<{HB}>", T.address_of(acc_o[0]), T.access_ptr(out[s_i, h0, 0], "w"),
+                  T.access_ptr(inv_sum, "r"), T.access_ptr(lse_pair, "rw"), T.access_ptr(q_s, "rw"),
+                  T.access_ptr(lse[s_i, h0], "w"), H - h0)
+
+
+def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", pdl: bool = False):
+    """The decode prim_func for one V-in-registers tile (kernels/tiles.py), raw layout, Hopper: the
+    contract of decode_parts.decode_kernel. top-k must be a multiple of block_rows * n_split (the
+    host pads with -1) and a split may own at most tile.index_rows of it (the host splits further).
+    pdl: the kernel overlaps its launch with the kernel before it (decode_parts.overlap_launches)."""
+    HB, BI = tile.heads_per_block, tile.block_rows
+    D, Dt = d_v, d_tail
+    acc = T.float32
+    narrow = tile.transposed_scores  # 16 or 32 heads: S^T = K . Q^T, the heads as both products' N
+    if (HB, BI) not in SHAPES or tile.threads != 256 or D != 512 or not tile.v_in_registers:
+        raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
+                         f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "
+                         f"256 threads and d_v 512, not {tile} with d_v {D}")
+    score_shape = [BI, HB] if narrow else [HB, BI]
+    pv_source = PV_REGISTERS.read_text()
+    # V fragments in flight (pv_registers.cuh's tile): the 64-head tiles with a d_tail hold the tail's
+    # gather and product too, and ptxas spilled ~550 B a thread with two
+    pv_fragments = 1 if HB == 64 and Dt else 2
+
+    @T.macro
+    def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+        T.import_source(pv_source)
+        q_s = T.alloc_shared([HB, D], fp8_dtype)
+        k_s = T.alloc_shared([BI, D], fp8_dtype)
+        qt_s = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        kt_s = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
+        # P by hand: its two e4m3 halves, each one 128-byte swizzle atom wide, the product's B operand,
+        # read by hand in the layout its descriptor names
+        p_s = T.alloc_shared([2, HB, 128], fp8_dtype)
+        T.annotate_layout({p_s: make_full_bank_swizzled_layout(p_s)})
+        ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
+        masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
+
+        acc_s = T.alloc_fragment(score_shape, acc)
+        acc_o = T.alloc_local([HB * D // tile.threads], acc)  # O^T in the layout pv_registers.cuh gives it
+        m = T.alloc_fragment([HB], acc)
+        m_tile = T.alloc_fragment([HB], acc)
+        alpha = T.alloc_fragment([HB], acc)
+        inv_sum = T.alloc_shared([HB], acc)  # the registers' layout reads the rescale and 1 / sum by head
+        alpha_s = T.alloc_shared([HB], acc)
+        sum_part = T.alloc_fragment(score_shape, acc)
+        row_sum = T.alloc_fragment([HB], acc)
+
+        h0 = hb * HB
+        scale2 = sm_scale * LOG2E
+
+        # Q and the row ids into L2 at once: the row ids' load no longer waits out Q's HBM latency
+        T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(q[s_i, h0, 0], "r"),
+                      T.min(HB, H - h0) * (D + Dt) * 2)
+        T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, sp * split_rows], "r"),
+                      split_rows * 4)
+        load_q(q, q_s, H, s_i, h0, 0)
+        if Dt:
+            load_q(q, qt_s, H, s_i, h0, D)
+        load_row_ids(indices, ids, masked, split_rows, s_i, sp, BI)
+        T.fill(acc_o, 0)
+        T.fill(sum_part, 0)
+        T.fill(m, NEG_BIG)
+
+        for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
+            base = t * BI
+            gather(kv, ids, base, k_s, kt_s)
+            scores(q_s, qt_s, k_s, kt_s, acc_s, narrow)
+            if masked[t] != 0:
+                mask_scores(acc_s, ids, base, narrow)
+            if narrow:
+                # a head's rows span all 8 warps: one exchange for all of a thread's heads, not one a
+                # head (each 6 barriers)
+                T.reduce_max(acc_s, m_tile, dim=0, batch=HB // 4)
+            else:
+                T.reduce_max(acc_s, m_tile, dim=1)
+
+            # P times 2^P_SHIFT, for its e4m3 halves; the rescale is the product's (tile)
+            online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, transposed=narrow, shift=P_SHIFT,
+                           exp2=exp2_approx)
+            for h in T.Parallel(HB):
+                alpha_s[h] = alpha[h]
+            T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
+            # P^T's rows are the heads: [h, r] of a score fragment [r, h] (narrow) or [h, r]
+            for i, j in T.Parallel(*score_shape):
+                hi, lo = fp8_halves(acc_s[i, j], fp8_dtype)
+                p_s[0, j if narrow else i, i if narrow else j] = hi
+                p_s[1, j if narrow else i, i if narrow else j] = lo
+            # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
+            T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}, {pv_fragments}>", T.address_of(acc_o[0]),
+                          T.access_ptr(k_s, "r"), T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))
+
+        T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
+        reciprocals(row_sum, inv_sum)
+        if tile.pairs:
+            cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, P_SHIFT)
+        else:
+            T.call_extern("handle", f"dsaops_pv::store<{HB}>", T.address_of(acc_o[0]),
+                          T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)
+            write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2, P_SHIFT)
+
+    return decode_kernel(HB, D, Dt, fp8_dtype, tile.threads, block, pdl, pairs=tile.pairs)
