@@ -1,13 +1,12 @@
-// P.V of decode_tl's Hopper tiles with V taken from registers (imported into the kernel's CUDA
-// source by decode_tl.decode_program; TileLang runs everything else of the tile).
+// P.V of Hopper's decode tiles with V taken from registers (imported into the kernel's CUDA
+// source by decode_regs.decode_program; TileLang runs everything else of the tile).
 //
 // wgmma takes its A operand from registers, so the product is computed transposed:
 // O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T, the fp8 tile's bytes moved straight into registers
-// (no copy of V in shared memory: on the H200 an fp16 upcast there, its stores and the product's
-// reads of them, cost 181 -> 159 us at H=64 S=256 with 64-row tiles), B = P, [HEADS][rows] in shared
-// memory (K-major). The product is fp8 x fp8: V needs no conversion, only a 4 x 4 byte transpose
+// (no copy of V in shared memory: an fp16 upcast there, its stores and the product's reads of them,
+// sit between the tile's two products), B = P, [HEADS][rows] in shared memory (K-major). The product is fp8 x fp8: V needs no conversion, only a 4 x 4 byte transpose
 // (fp16 products took a cvt a value pair, 128 a thread for a 128-row tile). P, times 2^8 into
-// [0, 2^8] (decode_tl.P_SHIFT), comes as two e4m3 halves, hi = e4m3(P) and lo = e4m3(P - hi), whose
+// [0, 2^8] (decode_regs.P_SHIFT), comes as two e4m3 halves, hi = e4m3(P) and lo = e4m3(P - hi), whose
 // sum carries P to 2^-8 relative; two fp8 products take the tensor cores as long as one fp16 product
 // did. The heads are the products' N, so a block of 16 or 32 heads runs 16- or 32-wide products
 // instead of 64 with the heads padded. Each warpgroup owns 256 of the 512 output columns: 4 m64 x
@@ -86,12 +85,12 @@ __device__ __forceinline__ void v_fragment(uint32_t (&a)[4][4], const uint8_t* t
 
 // Asks L2 for `bytes` (a multiple of 16) from `p` (16-byte aligned), one request a block. ptxas
 // issues a block's Q loads in two batches and the row ids' loads with the second, each batch
-// waiting on HBM; prefetched, the second finds L2 (H200, H=64 S=64: 40.3 -> 40.0 us).
+// waiting on HBM; prefetched, the second finds L2.
 __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// 2^x, the hardware approximation alone (decode_tl.exp2_approx); 0 for x = -inf (masked rows).
+// 2^x, the hardware approximation alone (decode_regs.exp2_approx); 0 for x = -inf (masked rows).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -219,7 +218,7 @@ __device__ __forceinline__ float pair_weights(float mine, float theirs, float& w
   return total == 0.f ? -INFINITY : top + __logf(total);
 }
 
-// The two splits of a query, a 2-CTA cluster (decode_tl.cluster_pair), merge through distributed
+// The two splits of a query, a 2-CTA cluster (decode_regs.cluster_pair), merge through distributed
 // shared memory. Block `rank` keeps the columns of its warpgroup `rank` (256 rank..+255): its other
 // warpgroup sends its normalised rows (acc / row sum, bf16, as a split's partial always was) for
 // the peer's kept columns into the peer's `exchange` (Q's buffer, HEADS x 512 B, free after the last
