@@ -35,7 +35,8 @@ def program(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: 
     from dsaops.kernels import decode_smem
 
     return decode_smem.decode_program(tile, d_v, d_tail, fp8_dtype=target.fp8_dtype,
-                                      row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled, pdl=pdl)
+                                      row_stats_in_shared=not target.has("wgmma"), row_scaled=row_scaled, pdl=pdl,
+                                      wgmma=target.has("wgmma") and tile.heads_per_block >= 64)
 
 
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
@@ -146,7 +147,9 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     q [S, H, d_v + d_tail] bf16 (fp8 accepted), kv [slots, 1, d_v + d_tail] raw fp8 (one row a
     token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
     [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
-    is zeros) when return_lse. q is rounded to fp8 inside the kernel for the QK^T product.
+    is zeros) when return_lse. q enters the QK^T product at bf16's precision: the kernel scales each
+    head's q by a power of two and splits it into two e4m3 halves whose sum is q exactly
+    (kernels/q_halves.py), two fp8 products into one accumulator.
     kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale): row i
     stands for kv[i] * kv_scale[i].
     """
@@ -171,7 +174,7 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     target, sm_count = _device_facts(device_index)
     # the batch size picks between Hopper's two tiles
     few = tiles.too_few_queries(S, H, topk, sm_count)
-    tile = tile or tiles.choose(target, H, row_scaled=row_scaled, few_queries=few)
+    tile = tile or tiles.choose(target, H, d_tail=width - d_v, row_scaled=row_scaled, few_queries=few)
     n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
     if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
         tile = tiles.PAIRED[tile]

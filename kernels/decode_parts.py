@@ -5,7 +5,8 @@ One block owns one query and up to 64 of its heads, so each gathered KV tile is 
 once for all of them (SGLang 0.5.23 uses 16-head blocks and reads every tile four times at
 H=64). Per tile of `block_rows` top-k rows:
   gather fp8 rows -> shared (pipelined, `stages` deep; masked rows zero-filled, never read)
-  S = Q_fp8 . K_fp8^T          fp8 tensor-core product, both operands K-major (wgmma on sm_90)
+  S = (Q_hi + Q_lo) . K_fp8^T  two fp8 tensor-core products into one accumulator, both operands
+                               K-major (wgmma on sm_90); q_hi + q_lo is the bf16 q exactly (split_q)
   online softmax in fp32       masked rows forced to -inf after the product
   O += P . V                   the family's product (V from registers, or upcast in shared memory)
 A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps, split k's heads at
@@ -70,13 +71,65 @@ def overlap_launches():
     T.pdl_trigger()
 
 
+def pow2_scale(amax):
+    """The power of two that puts amax (a head's largest |q|, float32) in [128, 256): 2^(7 - e) for
+    amax = m * 2^e, from the exponent bits alone (exact, no rounding); 1 where amax is below 2^-119
+    (zero, or too small for the inverse to stay a normal float)."""
+    e = T.shift_right(T.reinterpret("int32", amax), 23)  # the biased exponent (amax >= 0)
+    return T.if_then_else(e >= 8, T.reinterpret("float32", T.shift_left(261 - e, 23)), T.float32(1))
+
+
+def pow2_inverse(s):
+    """1 / s for a power of two s from pow2_scale, exactly (its exponent negated)."""
+    return T.reinterpret("float32", T.shift_left(254 - T.shift_right(T.reinterpret("int32", s), 23), 23))
+
+
 @T.macro
-def load_q(q, dst, H, s_i, h0, col0):
-    """Columns [col0, col0 + width of dst) of heads h0.. of query s_i, as fp8 into dst. Padded heads
-    (past H) get zero rows: their scores are 0, harmless, never written out."""
-    heads, cols = dst.shape
-    for h, d in T.Parallel(heads, cols):
-        dst[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, col0 + d], 0).astype(dst.dtype)
+def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
+    """q's heads h0.. of query s_i (bf16) times a power of two a head (q_scale, shared; pow2_scale of
+    the head's largest |q|), as two e4m3 halves: hi = e4m3(x), lo = e4m3(x - hi). For a bf16 x the
+    sum hi + lo is x exactly wherever |x| >= 2^-2 (x - hi has at most 4 significant bits, on e4m3's
+    grid down to its subnormals' 2^-9), and within 2^-10 below that: q at bf16's precision in fp8
+    products, for any magnitude of q. The scores then carry the head's scale, which the softmax
+    takes out (score_scales). q_amax: shared [heads] float32 scratch. Padded heads (past H) are
+    zeros. d_tail's columns (qt_hi, qt_lo; None without a tail) share their head's scale."""
+    heads, D = q_hi.shape
+    q_f = T.alloc_fragment([heads, D], T.bfloat16)
+    amax = T.alloc_fragment([heads], T.bfloat16)
+    for h, d in T.Parallel(heads, D):
+        q_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0)
+    T.reduce_absmax(q_f, amax, dim=1)
+    for h in T.Parallel(heads):
+        q_amax[h] = amax[h]
+    if qt_hi is not None:
+        Dt = qt_hi.shape[1]
+        qt_f = T.alloc_fragment([heads, Dt], T.bfloat16)
+        amax_t = T.alloc_fragment([heads], T.bfloat16)
+        for h, d in T.Parallel(heads, Dt):
+            qt_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0)
+        T.reduce_absmax(qt_f, amax_t, dim=1)
+        for h in T.Parallel(heads):
+            q_amax[h] = T.max(q_amax[h], amax_t[h])
+    for h in T.Parallel(heads):
+        q_scale[h] = pow2_scale(q_amax[h])
+    for h, d in T.Parallel(heads, D):
+        x = q_f[h, d].astype(T.float32) * q_scale[h]
+        q_hi[h, d] = x.astype(q_hi.dtype)
+        q_lo[h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_lo.dtype)
+    if qt_hi is not None:
+        for h, d in T.Parallel(heads, qt_hi.shape[1]):
+            x = qt_f[h, d].astype(T.float32) * q_scale[h]
+            qt_hi[h, d] = x.astype(qt_hi.dtype)
+            qt_lo[h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_lo.dtype)
+
+
+@T.macro
+def score_scales(m, scale2, q_scale, sm_scale):
+    """The running max's start (NEG_BIG) and scale2[h] = sm_scale * log2(e) / q_scale[h]: what turns
+    head h's scores (which carry its q scale, split_q) into log2 units, in the max's layout."""
+    for h in T.Parallel(m.shape[0]):
+        m[h] = NEG_BIG
+        scale2[h] = sm_scale * LOG2E * pow2_inverse(q_scale[h])
 
 
 @T.macro
@@ -109,17 +162,33 @@ def gather(kv, ids, base, k_s, kt_s):
 
 
 @T.macro
-def scores(q_s, qt_s, k_s, kt_s, acc_s, transposed):
-    """acc_s = Q . K^T over the tile (the tail's product added), or transposed, S^T = K . Q^T with
-    each warpgroup's product 64 rows (M) by the heads (N)."""
-    if transposed:
-        T.gemm(k_s, q_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-        if qt_s is not None:
-            T.gemm(kt_s, qt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+def product(a, b, acc_s, clear, policy, wgmma):
+    """acc_s (+)= a . b^T; with wgmma issued without a wait (the next product's wait covers it)."""
+    if wgmma:
+        T.wgmma_gemm(a, b, acc_s, transpose_B=True, clear_accum=clear, policy=policy)
     else:
-        T.gemm(q_s, k_s, acc_s, transpose_B=True, clear_accum=True, policy=T.GemmWarpPolicy.FullCol)
-        if qt_s is not None:
-            T.gemm(qt_s, kt_s, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+        T.gemm(a, b, acc_s, transpose_B=True, clear_accum=clear, policy=policy)
+
+
+@T.macro
+def scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, transposed, wgmma):
+    """acc_s = (Q_hi + Q_lo) . K^T over the tile, the tail's products added (qt_hi None: no tail),
+    or transposed, S^T = K . Q^T with each warpgroup's product 64 rows (M) by the heads (N). With
+    wgmma, each hi product is issued without a wait, so it runs back to back with its lo product,
+    whose wait covers both (a chain of three unwaited products made ptxas serialize the kernel's
+    wgmma)."""
+    if transposed:
+        product(k_s, q_hi, acc_s, True, T.GemmWarpPolicy.FullRow, wgmma)
+        product(k_s, q_lo, acc_s, False, T.GemmWarpPolicy.FullRow, False)
+        if qt_hi is not None:
+            product(kt_s, qt_hi, acc_s, False, T.GemmWarpPolicy.FullRow, wgmma)
+            product(kt_s, qt_lo, acc_s, False, T.GemmWarpPolicy.FullRow, False)
+    else:
+        product(q_hi, k_s, acc_s, True, T.GemmWarpPolicy.FullCol, wgmma)
+        product(q_lo, k_s, acc_s, False, T.GemmWarpPolicy.FullCol, False)
+        if qt_hi is not None:
+            product(qt_hi, kt_s, acc_s, False, T.GemmWarpPolicy.FullCol, wgmma)
+            product(qt_lo, kt_s, acc_s, False, T.GemmWarpPolicy.FullCol, False)
 
 
 @T.macro
@@ -142,9 +211,9 @@ def reciprocals(row_sum, inv_sum):
 
 
 def head_lse(row_sum, m, scale2, shift=0.0):
-    """A head's natural-log lse from its row sum and running max (log2 units of scale2; shift: the
-    log2 factor the row sum carries, decode_regs.P_SHIFT where P was scaled): -inf where every row
-    was masked."""
+    """A head's natural-log lse from its row sum and running max (scale2: the head's factor to log2
+    units, score_scales; shift: the log2 factor the row sum carries, decode_regs.P_SHIFT where P
+    was scaled): -inf where every row was masked."""
     return T.if_then_else(row_sum == 0, -T.infinity(T.float32), (T.log2(row_sum) - shift + m * scale2) * LN2)
 
 
@@ -153,13 +222,14 @@ def write_lse(row_sum, m, lse, H, s_i, sp, h0, scale2, shift=0.0):
     """A split's lse a head."""
     for h in T.Parallel(row_sum.shape[0]):
         if h0 + h < H:
-            lse[s_i, sp * H + h0 + h] = head_lse(row_sum[h], m[h], scale2, shift)
+            lse[s_i, sp * H + h0 + h] = head_lse(row_sum[h], m[h], scale2[h], shift)
 
 
 @T.macro
 def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=False, shift=0.0, exp2=T.exp2):
     """One tile of online softmax: scores -> probabilities (in acc_s, at most 2^shift), added into
-    sum_part, and acc_o rescaled (acc_o None: the caller rescales it, from alpha).
+    sum_part (None: the caller adds them), and acc_o rescaled (acc_o None: the caller rescales it,
+    from alpha). scale2: each head's factor from scores to log2 units (score_scales).
     m_tile holds the max the running max is measured against (the caller's reduction of the tile's
     row max).
 
@@ -171,7 +241,7 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     transposed: acc_s and sum_part are [rows, heads] (decode_regs' narrow tiles)."""
     heads = m.shape[0]
     for h in T.Parallel(heads):
-        alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2)
+        alpha[h] = T.exp2((m[h] - T.max(m[h], m_tile[h])) * scale2[h])
         m[h] = T.max(m[h], m_tile[h])
     if acc_o is not None:
         for h, d in T.Parallel(heads, acc_o.shape[1]):
@@ -179,5 +249,7 @@ def online_softmax(acc_s, acc_o, m, m_tile, alpha, sum_part, scale2, transposed=
     # in the fragment's own axis order: TileLang gave a [rows, heads] fragment iterated as
     # [heads, rows] another register layout, and the tile one barrier more
     for i, j in T.Parallel(*acc_s.shape):
-        acc_s[i, j] = exp2(acc_s[i, j] * scale2 - (m[j if transposed else i] * scale2 - shift))
-        sum_part[i, j] = sum_part[i, j] * alpha[j if transposed else i] + acc_s[i, j]
+        acc_s[i, j] = exp2(acc_s[i, j] * scale2[j if transposed else i]
+                           - (m[j if transposed else i] * scale2[j if transposed else i] - shift))
+        if sum_part is not None:
+            sum_part[i, j] = sum_part[i, j] * alpha[j if transposed else i] + acc_s[i, j]

@@ -11,17 +11,16 @@ from pathlib import Path
 
 import tilelang.language as T
 from dsaops.kernels.decode_parts import (
-    LOG2E,
-    NEG_BIG,
     decode_kernel,
     gather,
     head_lse,
-    load_q,
     load_row_ids,
     mask_scores,
     online_softmax,
     reciprocals,
+    score_scales,
     scores,
+    split_q,
     write_lse,
 )
 from tilelang.layout import make_full_bank_swizzled_layout
@@ -50,16 +49,35 @@ def exp2_approx(x):
 
 
 @T.macro
+def add_row_sums(acc_s, sum_part, alpha):
+    """sum_part = sum_part * alpha + P for a 64-head tile's [heads, rows] scores, four of a thread's
+    probabilities into each of its partial sums (sum_part [heads, rows / 4]; the caller reduces it
+    after the last tile). wgmma's accumulator gives a thread columns 8c + 2(lane % 4) + {0, 1} of
+    its warpgroup's rows / 2, so j, j + 1, j + rows / 4 and j + rows / 4 + 1 share a thread: a
+    per-column sum_part would hold 32 more registers a thread, which the tile does not have."""
+    rows = acc_s.shape[1]
+    half, quarter, eighth = rows // 2, rows // 4, rows // 8
+    for i, k in T.Parallel(*sum_part.shape):
+        sum_part[i, k] = sum_part[i, k] * alpha[i] + acc_s[i, (k // eighth) * half + (k % eighth) * 2]
+    for i, k in T.Parallel(*sum_part.shape):
+        sum_part[i, k] = sum_part[i, k] + acc_s[i, (k // eighth) * half + (k % eighth) * 2 + 1]
+    for i, k in T.Parallel(*sum_part.shape):
+        sum_part[i, k] = sum_part[i, k] + acc_s[i, (k // eighth) * half + (k % eighth) * 2 + quarter]
+    for i, k in T.Parallel(*sum_part.shape):
+        sum_part[i, k] = sum_part[i, k] + acc_s[i, (k // eighth) * half + (k % eighth) * 2 + quarter + 1]
+
+
+@T.macro
 def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, shift):
     """The two splits of a query (a 2-CTA cluster, tiles.PAIRED) merge through distributed shared
     memory (pv_registers.cuh's cluster_pair): each block keeps the output columns of one of its
-    warpgroups and receives the other block's share of them, bf16, where Q was (q_s: heads x 512 B,
-    as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no
+    warpgroups and receives the other block's share of them, bf16, where Q's high half was (q_s:
+    heads x 512 B, as many bytes as that share), with that block's lse a head. No partial leaves the SMs and no
     merge kernel runs."""
     HB = inv_sum.shape[0]
     lse_pair = T.alloc_shared([2, HB], T.float32)  # natural log a head: this block's, the other's
     for h in T.Parallel(HB):
-        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2, shift)
+        lse_pair[0, h] = head_lse(row_sum[h], m[h], scale2[h], shift)
     T.call_extern("handle", f"dsaops_pv::cluster_pair<{HB}>", T.address_of(acc_o[0]), T.access_ptr(out[s_i, h0, 0], "w"),
                   T.access_ptr(inv_sum, "r"), T.access_ptr(lse_pair, "rw"), T.access_ptr(q_s, "rw"),
                   T.access_ptr(lse[s_i, h0], "w"), H - h0)
@@ -87,10 +105,14 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
         T.import_source(pv_source)
-        q_s = T.alloc_shared([HB, D], fp8_dtype)
+        q_hi = T.alloc_shared([HB, D], fp8_dtype)  # q as two e4m3 halves (split_q)
+        q_lo = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
-        qt_s = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        qt_hi = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        qt_lo = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
         kt_s = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
+        q_amax = T.alloc_shared([HB], acc)
+        q_scale = T.alloc_shared([HB], acc)
         # P by hand: its two e4m3 halves, each one 128-byte swizzle atom wide, the product's B operand,
         # read by hand in the layout its descriptor names
         p_s = T.alloc_shared([2, HB, 128], fp8_dtype)
@@ -105,29 +127,28 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         alpha = T.alloc_fragment([HB], acc)
         inv_sum = T.alloc_shared([HB], acc)  # the registers' layout reads the rescale and 1 / sum by head
         alpha_s = T.alloc_shared([HB], acc)
-        sum_part = T.alloc_fragment(score_shape, acc)
+        # per column of the scores (narrow tiles), or a quarter of that (add_row_sums)
+        sum_part = T.alloc_fragment(score_shape if narrow else [HB, BI // 4], acc)
         row_sum = T.alloc_fragment([HB], acc)
+        scale2 = T.alloc_shared([HB], acc)
 
         h0 = hb * HB
-        scale2 = sm_scale * LOG2E
 
         # Q and the row ids into L2 at once: the row ids' load no longer waits out Q's HBM latency
         T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(q[s_i, h0, 0], "r"),
                       T.min(HB, H - h0) * (D + Dt) * 2)
         T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, sp * split_rows], "r"),
                       split_rows * 4)
-        load_q(q, q_s, H, s_i, h0, 0)
-        if Dt:
-            load_q(q, qt_s, H, s_i, h0, D)
+        split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0)
         load_row_ids(indices, ids, masked, split_rows, s_i, sp, BI)
         T.fill(acc_o, 0)
         T.fill(sum_part, 0)
-        T.fill(m, NEG_BIG)
+        score_scales(m, scale2, q_scale, sm_scale)
 
         for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
             base = t * BI
             gather(kv, ids, base, k_s, kt_s)
-            scores(q_s, qt_s, k_s, kt_s, acc_s, narrow)
+            scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, narrow, True)
             if masked[t] != 0:
                 mask_scores(acc_s, ids, base, narrow)
             if narrow:
@@ -138,8 +159,10 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 T.reduce_max(acc_s, m_tile, dim=1)
 
             # P times 2^P_SHIFT, for its e4m3 halves; the rescale is the product's (tile)
-            online_softmax(acc_s, None, m, m_tile, alpha, sum_part, scale2, transposed=narrow, shift=P_SHIFT,
-                           exp2=exp2_approx)
+            online_softmax(acc_s, None, m, m_tile, alpha, sum_part if narrow else None, scale2, transposed=narrow,
+                           shift=P_SHIFT, exp2=exp2_approx)
+            if not narrow:
+                add_row_sums(acc_s, sum_part, alpha)
             for h in T.Parallel(HB):
                 alpha_s[h] = alpha[h]
             T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
@@ -155,7 +178,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         T.reduce_sum(sum_part, row_sum, dim=0 if narrow else 1)
         reciprocals(row_sum, inv_sum)
         if tile.pairs:
-            cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, P_SHIFT)
+            cluster_pair(acc_o, row_sum, m, inv_sum, q_hi, out, lse, H, s_i, h0, scale2, P_SHIFT)
         else:
             T.call_extern("handle", f"dsaops_pv::store<{HB}>", T.address_of(acc_o[0]),
                           T.access_ptr(out[s_i, sp * H + h0, 0], "w"), T.access_ptr(inv_sum, "r"), H - h0)

@@ -8,16 +8,15 @@ scores and P by its rows' scales, and runs P.V in bf16.
 
 import tilelang.language as T
 from dsaops.kernels.decode_parts import (
-    LOG2E,
-    NEG_BIG,
     decode_kernel,
     gather,
-    load_q,
     load_row_ids,
     mask_scores,
     online_softmax,
     reciprocals,
+    score_scales,
     scores,
+    split_q,
     write_lse,
 )
 
@@ -48,7 +47,7 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
-                   row_scaled: bool = False, pdl: bool = False):
+                   row_scaled: bool = False, pdl: bool = False, wgmma: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py) with V in shared memory: the contract of
     decode_parts.decode_kernel. top-k must be a multiple of block_rows * n_split (the host pads with
     -1) and a split may own at most tile.index_rows of it (the host splits further).
@@ -60,7 +59,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     targets with "pdl" in the targets table).
     row_scaled: the row-scaled layout. A tile's scales multiply its scores, and P before the PV
     product; P and V are then bf16 (V's fp8 values exactly, P scaled by any power: fp16's range
-    would lose tiny scales), 2^-9 instead of 2^-11."""
+    would lose tiny scales), 2^-9 instead of 2^-11.
+    wgmma: QK^T's products are Hopper's wgmma (64-head tiles on sm_90): issued back to back."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail
     acc = T.float32
@@ -71,10 +71,14 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
-        q_s = T.alloc_shared([HB, D], fp8_dtype)
+        q_hi = T.alloc_shared([HB, D], fp8_dtype)  # q as two e4m3 halves (split_q)
+        q_lo = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
-        qt_s = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        qt_hi = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
+        qt_lo = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
         kt_s = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
+        q_amax = T.alloc_shared([HB], acc)
+        q_scale = T.alloc_shared([HB], acc)
         if row_scaled:
             sc_s = T.alloc_shared([BI], acc)
         v_s = T.alloc_shared([BI, D], pv)
@@ -90,17 +94,15 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         inv_sum = T.alloc_shared([HB], acc) if row_stats_in_shared else T.alloc_fragment([HB], acc)
         sum_part = T.alloc_fragment([HB, BI], acc)
         row_sum = T.alloc_fragment([HB], acc)
+        scale2 = T.alloc_fragment([HB], acc)
 
         h0 = hb * HB
-        scale2 = sm_scale * LOG2E
 
-        load_q(q, q_s, H, s_i, h0, 0)
-        if Dt:
-            load_q(q, qt_s, H, s_i, h0, D)
+        split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0)
         load_row_ids(indices, ids, masked, split_rows, s_i, sp, BI)
         T.fill(acc_o, 0)
         T.fill(sum_part, 0)
-        T.fill(m, NEG_BIG)
+        score_scales(m, scale2, q_scale, sm_scale)
 
         for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
             base = t * BI
@@ -109,7 +111,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                 for r in T.Parallel(BI):
                     sc_s[r] = kv_scale[ids[base + r]]
 
-            scores(q_s, qt_s, k_s, kt_s, acc_s, False)
+            scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, False, wgmma)
             for r, d in T.Parallel(BI, D):
                 v_s[r, d] = k_s[r, d].astype(pv)
             if row_scaled:

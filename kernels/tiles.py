@@ -16,13 +16,13 @@ D_V = 512
 D_TAILS = (0, 64)
 HEAD_COUNTS = (8, 16, 32, 64, 128)
 MAX_SPLITS = 32  # most splits of top-k the host chooses (at most a warp: the merge takes one a lane)
-# Preference order: deeper pipelines and larger row tiles first; the first that fits wins.
-# (block_rows, stages)
-_CANDIDATES = ((64, 2), (32, 2), (64, 1), (32, 1), (16, 2), (16, 1))
+# Preference order: pipelined first (one stage leaves every tile waiting out the gather's memory
+# latency), then larger row tiles; the first that fits wins. (block_rows, stages)
+_CANDIDATES = ((64, 2), (32, 2), (16, 2), (64, 1), (32, 1), (16, 1))
 # Row ids a split keeps in shared memory, largest first: top-k 2048 (DSA's) in one split where it fits.
 _INDEX_ROWS = (2048, 1024, 512, 256)
 # What the compiled kernels hold beyond the buffers above (reduction workspaces, alignment): the
-# compiler's figure minus this estimate was 2,064-2,320 B over every tile of both targets.
+# compiler's figure minus this estimate was 512-1,536 B over every tile of both targets.
 _COMPILER_EXTRA = 2560
 MAX_TOPK = MAX_SPLITS * _INDEX_ROWS[-1]  # the most top-k rows a query may have (every tile, every split)
 
@@ -62,7 +62,7 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
     """Shared memory of the decode kernel for this tile, dynamic and static (decode_regs, decode_smem)."""
     width = d_v + d_tail
     hb, br = tile.heads_per_block, tile.block_rows
-    return (hb * width                  # Q in fp8
+    return (2 * hb * width + 8 * hb     # Q as two e4m3 halves (decode_parts.split_q), its scales
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
             + (2 * hb * 128 if tile.v_in_registers else hb * br * 2)  # P: two e4m3 halves 128 rows wide, or fp16
@@ -116,7 +116,7 @@ def combine_for(n_split: int) -> Combine:
 def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_queries: bool = False) -> Tile:
     """The tile the dispatch uses for `heads` on `target` (a dsaops.targets.Target).
 
-    Sized for d_tail=64 by default so one tile serves both MLA layouts of a head count.
+    d_tail: the MLA layout's tail (the dispatch passes the call's; 64 by default, the larger).
     row_scaled: a tile for the row-scaled layout (decode_smem, V upcast in shared memory).
     few_queries: the batch is too small to fill the GPU with the large tile's splits (too_few_queries).
     """
@@ -125,10 +125,12 @@ def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_q
     if target.has("wgmma") and not row_scaled:
         # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
         # 64. A batch too small to fill the SMs takes the 64-row tile, its heads padded to wgmma's M
-        # of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup)
-        tile = REGISTER_V_TILE_FEW_QUERIES if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
-        if smem_bytes(tile, d_tail) <= budget:
-            return tile
+        # of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup). So does a 64-head block
+        # with a d_tail: two 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
+        preferred = REGISTER_V_TILE_FEW_QUERIES if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
+        for tile in (preferred, REGISTER_V_TILE_FEW_QUERIES):
+            if smem_bytes(tile, d_tail) <= budget:
+                return tile
     if hb == 32 and target.has("wgmma"):
         # (the row-scaled layout's upcast kernel) a 32-head block leaves wgmma's products half empty
         # and measured slower than 64 heads with 32 of them padded
@@ -149,6 +151,6 @@ def configurations(target, row_scaled: bool = False) -> list[tuple[int, int, Til
     """Every (heads, d_tail, tile) the dispatch can choose on `target` for the raw layout, or the
     row-scaled one (top-k and S are symbolic; every batch size's tile and its two-split cluster
     (PAIRED) included)."""
-    chosen = [(h, dt, choose(target, h, row_scaled=row_scaled, few_queries=few))
+    chosen = [(h, dt, choose(target, h, d_tail=dt, row_scaled=row_scaled, few_queries=few))
               for h in HEAD_COUNTS for dt in D_TAILS for few in (False, True)]
     return list(dict.fromkeys(chosen + [(h, dt, PAIRED[tile]) for h, dt, tile in chosen if tile in PAIRED]))

@@ -22,17 +22,20 @@ def test_importing_the_package_loads_neither_torch_nor_tilelang():
 
 
 @pytest.mark.parametrize(("heads", "block_heads"), [(8, 16), (16, 16), (32, 32), (64, 64), (128, 64)])
-def test_tiles_come_from_the_targets_table(heads, block_heads):
+@pytest.mark.parametrize("d_tail", tiles.D_TAILS)
+def test_tiles_come_from_the_targets_table(heads, block_heads, d_tail):
     for name in ("sm_90", "sm_121", "gfx942"):
         t = targets.get(name)
-        tile = tiles.choose(t, heads)
+        tile = tiles.choose(t, heads, d_tail=d_tail)
         want = block_heads
-        if name == "gfx942" and block_heads == 64:
-            want = 32  # its 64 KB of LDS holds no 64-head tile: two 32-head blocks a query
+        if name == "sm_121" and block_heads == 64 and d_tail:
+            want = 32  # 101,376 B hold no 64-head block of 576-byte rows with q's two halves
+        if name == "gfx942" and block_heads >= 32:
+            want = 16 if d_tail else 32  # its 64 KB of LDS: two or four blocks a query
         assert tile.heads_per_block == want
         if t.has("wgmma"):  # too few queries for the 128-row tiles: wgmma's M of 64 pads the heads
-            assert tiles.choose(t, heads, few_queries=True).heads_per_block == 64
-        assert tiles.smem_bytes(tile, 64) <= t.smem_per_block_bytes
+            assert tiles.choose(t, heads, d_tail=d_tail, few_queries=True).heads_per_block == 64
+        assert tiles.smem_bytes(tile, d_tail) <= t.smem_per_block_bytes
 
 
 def test_gb10_gets_smaller_tiles_than_hopper():
@@ -52,7 +55,10 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
     hopper = targets.get("sm_90")
     for heads in tiles.HEAD_COUNTS:
         hb = tiles.heads_per_block(heads)
-        assert tiles.choose(hopper, heads) == (tiles.NARROW_TILES[hb] if hb < 64 else tiles.REGISTER_V_TILE)
+        assert tiles.choose(hopper, heads, d_tail=0) == (tiles.NARROW_TILES[hb] if hb < 64 else tiles.REGISTER_V_TILE)
+        # 64 heads with a d_tail: two 128-row buffers of 576-byte rows and q's halves do not fit
+        assert tiles.choose(hopper, heads, d_tail=64) == (tiles.NARROW_TILES[hb] if hb < 64
+                                                          else tiles.REGISTER_V_TILE_FEW_QUERIES)
         assert tiles.choose(hopper, heads, few_queries=True) == tiles.REGISTER_V_TILE_FEW_QUERIES
         assert not tiles.choose(hopper, heads, row_scaled=True).v_in_registers  # its P.V scales P per row
         for name in ("sm_121", "gfx942"):  # no wgmma: the register operand is a Hopper product's
