@@ -141,7 +141,15 @@ def _check(q, kv, indices, d_v):
         raise ValueError("q, kv and indices must be contiguous")
 
 
-def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, kv_scale=None):
+def _check_topk_length(topk_length, q) -> None:
+    import torch
+
+    if topk_length.dtype != torch.int32 or topk_length.shape != (q.shape[0],) or topk_length.device != q.device:
+        raise ValueError(f"topk_length must be int32 [{q.shape[0]}] (one count a query) on {q.device}, got "
+                         f"{topk_length.dtype} {tuple(topk_length.shape)} on {topk_length.device}")
+
+
+def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, kv_scale=None, topk_length=None):
     """Sparse-MLA decode over a raw fp8 KV pool.
 
     q [S, H, d_v + d_tail] bf16 (fp8 accepted), kv [slots, 1, d_v + d_tail] raw fp8 (one row a
@@ -152,8 +160,15 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     (kernels/q_halves.py), two fp8 products into one accumulator.
     kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale): row i
     stands for kv[i] * kv_scale[i].
+    topk_length [S] int32 (FlashMLA's argument; SGLang's dsa_cache_seqlens_int32): the count of
+    leading indices a query may have valid. Accepted from callers that pass it and checked; the
+    kernel needs none of it: it finds the -1 tail itself, in the row ids it loads anyway, and
+    stops there (a context shorter than top-k costs the tiles it reads), so a length never
+    changes the result.
     """
     _check(q, kv, indices, d_v)
+    if topk_length is not None:
+        _check_topk_length(topk_length, q)
     if kv_scale is not None:
         from dsaops.kernels import reference
 
@@ -163,7 +178,7 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
-    """(decode entry, combine entry or None, split count, padded top-k, kv_scale stand-in, lse
+    """(decode entry, combine entry or None, split count, rows a split owns, kv_scale stand-in, lse
     scratch) for one call shape, once per shape: a call then costs one look-up keyed by ints instead
     of the tile and split choice and two hashed kernel look-ups. The stand-in fills the raw layout's
     kv_scale argument, which its kernel never reads (one signature for both layouts). The scratch
@@ -178,13 +193,15 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
     if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
         tile = tiles.PAIRED[tile]
-    rows = tile.block_rows * n_split
-    if -(-topk // rows) * tile.block_rows > tile.index_rows:  # a forced two-split tile only
+    # every split owns as many tiles; the kernel reads positions past top-k as -1 and stops after a
+    # split's last tile with a valid row, so top-k is never padded here
+    split_rows = -(-topk // (tile.block_rows * n_split)) * tile.block_rows
+    if split_rows > tile.index_rows:  # a forced two-split tile only
         raise ValueError(f"top-k {topk} needs more than {tile.name}'s {n_split} splits of {tile.index_rows} rows")
     return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
             entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
             n_split,
-            -(-topk // rows) * rows,
+            split_rows,
             torch.empty(1, device=f"cuda:{device_index}"),
             torch.empty((S, H), dtype=torch.float32, device=f"cuda:{device_index}"))
 
@@ -197,21 +214,19 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     topk = indices.shape[2]
     dev = q.device
     device_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    decode, combine, n_split, padded, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile,
-                                                                  kv_scale is not None)
+    decode, combine, n_split, split_rows, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile,
+                                                                      kv_scale is not None)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
-    if padded != topk:
-        indices = torch.nn.functional.pad(indices, (0, padded - topk), value=-1)
     scale = unread if kv_scale is None else kv_scale
     # split k's heads at rows k*H.. (decode_parts.decode_kernel): one split writes the answer itself
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((S, H), dtype=torch.float32, device=dev) if return_lse else lse_scratch
     if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer
-        decode(q, kv, scale, indices, float(sm_scale), padded // n_split, out, lse)
+        decode(q, kv, scale, indices, float(sm_scale), split_rows, out, lse)
     else:
         part_o = torch.empty((S, n_split * H, d_v), dtype=torch.bfloat16, device=dev)
         part_lse = torch.empty((S, n_split * H), dtype=torch.float32, device=dev)
-        decode(q, kv, scale, indices, float(sm_scale), padded // n_split, part_o, part_lse)
+        decode(q, kv, scale, indices, float(sm_scale), split_rows, part_o, part_lse)
         combine(part_o, part_lse, n_split, out, lse)
     return (out, lse) if return_lse else out

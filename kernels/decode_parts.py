@@ -10,7 +10,9 @@ H=64). Per tile of `block_rows` top-k rows:
   online softmax in fp32       masked rows forced to -inf after the product
   O += P . V                   the family's product (V from registers, or upcast in shared memory)
 A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps, split k's heads at
-rows k*H.. of one [S, n_split*H] tensor; decode_merge merges them in fp32. With one split the
+rows k*H.. of one [S, n_split*H] tensor; decode_merge merges them in fp32. Split k owns the
+query's tiles k, k + n_split, ... and stops after the last with a valid row (load_row_ids): a
+context shorter than top-k, whose -1 entries sit at the tail, costs the tiles it reads. With one split the
 decode kernel's output is the answer as it is (no view a call). Every shape that varies per call
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
 """
@@ -26,10 +28,10 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
                   pairs: bool = False):
     """The prim_func every decode kernel shares: the signature the host calls and the grid, one axis
     each for query, head block and split (so no address needs a run-time division). `block`, a
-    T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H,
-    s_i, hb, sp). S, H, top-k, pool slots and the split count are symbolic; the rows each split owns
-    come as the scalar `split_rows` (a multiple of the tile's rows): derived from top-k and the split
-    count it cost a 32-bit division per use. out and lse hold split sp's heads at rows sp*H.., so
+    T.macro, is one block's work: block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out,
+    lse, H, s_i, hb, sp). S, H, top-k, pool slots and the split count are symbolic; the rows each
+    split owns come as the scalar `split_rows` (a multiple of the tile's rows, at least top-k /
+    n_split: positions past top-k read as -1). out and lse hold split sp's heads at rows sp*H.., so
     that with one split they are [S, H, d_v] and [S, H], the answer without a view. kv_scale is the
     row-scaled layout's [slots] scales; a raw-layout kernel never reads it (the host passes any
     float32 vector: one signature for both). pdl: overlap_launches first. pairs: exactly two splits,
@@ -55,7 +57,8 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
                              cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (s_i, hb, sp):
             if pdl:
                 overlap_launches()
-            block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp)
+            block(q, kv, kv_scale, indices, sm_scale, split_rows, 2 if pairs else split_heads // H, out, lse, H,
+                  s_i, hb, sp)
 
     return decode
 
@@ -133,18 +136,31 @@ def score_scales(m, scale2, q_scale, sm_scale):
 
 
 @T.macro
-def load_row_ids(indices, ids, masked, split_rows, s_i, sp, block_rows):
+def load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp):
     """The split's row ids into shared memory, once: each tile's gather addresses and masks then come
-    from shared memory instead of a dependent global load (an HBM latency) per tile. masked[t] is 1
-    for a tile with a masked (-1) row: only those tiles' scores are masked (the mask reads each
-    score's row id, and DSA's top-k is full once a context has 2,048 tokens)."""
-    for r in T.Parallel(ids.shape[0]):
-        ids[r] = T.if_then_else(r < split_rows, indices[s_i, 0, sp * split_rows + r], -1)
-    for i in T.Parallel(masked.shape[0]):
-        masked[i] = 0
-    for r in T.Parallel(ids.shape[0]):
+    from shared memory instead of a dependent global load (an HBM latency) per tile. Split sp owns
+    the query's tiles sp, sp + n_split, sp + 2 n_split, ... (its tile j is rows (sp + n_split j) *
+    rows..), so the valid rows of a context shorter than top-k, which SGLang puts first and pads
+    with -1, spread evenly over the splits; positions past top-k read as -1. masked[j] is 1 for a
+    tile with a masked (-1) row: only those tiles' scores are masked (the mask reads each score's
+    row id, and DSA's top-k is full once a context has 2,048 tokens); live[j] is 1 for a tile with a
+    valid row (the caller's loop stops after the last: nothing past it is gathered or computed, and
+    a split with no valid row runs no tile: zeros, lse -inf)."""
+    tiles, rows = masked.shape[0], ids.shape[0] // masked.shape[0]
+    topk = indices.shape[2]
+    for j, r in T.Parallel(tiles, rows):
+        ids[j * rows + r] = T.if_then_else(
+            j * rows + r < split_rows,
+            T.if_then_else((sp + n_split * j) * rows + r < topk, indices[s_i, 0, (sp + n_split * j) * rows + r], -1),
+            -1)
+    for j in T.Parallel(tiles):
+        masked[j] = 0
+        live[j] = 0
+    for r in T.Parallel(ids.shape[0]):  # every writer writes 1
         if ids[r] < 0:
-            masked[r // block_rows] = 1  # every writer writes 1
+            masked[r // rows] = 1
+        else:
+            live[r // rows] = 1
 
 
 @T.macro

@@ -103,7 +103,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     pv_fragments = 1 if HB == 64 and Dt else 2
 
     @T.macro
-    def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+    def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
         T.import_source(pv_source)
         q_hi = T.alloc_shared([HB, D], fp8_dtype)  # q as two e4m3 halves (split_q)
         q_lo = T.alloc_shared([HB, D], fp8_dtype)
@@ -119,6 +119,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         T.annotate_layout({p_s: make_full_bank_swizzled_layout(p_s)})
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
         masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
+        live = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
+        live_tiles = T.alloc_var(T.int32, init=0)
 
         acc_s = T.alloc_fragment(score_shape, acc)
         acc_o = T.alloc_local([HB * D // tile.threads], acc)  # O^T in the layout pv_registers.cuh gives it
@@ -134,18 +136,22 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
         h0 = hb * HB
 
-        # Q and the row ids into L2 at once: the row ids' load no longer waits out Q's HBM latency
+        # Q and the query's row ids (every split reads some of them) into L2 at once: the row ids'
+        # load no longer waits out Q's HBM latency
         T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(q[s_i, h0, 0], "r"),
                       T.min(HB, H - h0) * (D + Dt) * 2)
-        T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, sp * split_rows], "r"),
-                      split_rows * 4)
+        T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, 0], "r"),
+                      T.shift_left(T.shift_right(indices.shape[2], 2), 4))
         split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0)
-        load_row_ids(indices, ids, masked, split_rows, s_i, sp, BI)
+        load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp)
+        for j in T.serial(tile.index_rows // BI):  # the loop's end: 1 + the last tile with a valid row
+            if live[j] != 0:
+                live_tiles = j + 1
         T.fill(acc_o, 0)
         T.fill(sum_part, 0)
         score_scales(m, scale2, q_scale, sm_scale)
 
-        for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
+        for t in T.Pipelined(live_tiles, num_stages=tile.stages):
             base = t * BI
             gather(kv, ids, base, k_s, kt_s)
             scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, narrow, True)

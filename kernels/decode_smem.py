@@ -70,7 +70,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
                          f"decode_regs' (pv_registers.cuh), not this kernel's: {tile}")
 
     @T.macro
-    def block(q, kv, kv_scale, indices, sm_scale, split_rows, out, lse, H, s_i, hb, sp):
+    def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
         q_hi = T.alloc_shared([HB, D], fp8_dtype)  # q as two e4m3 halves (split_q)
         q_lo = T.alloc_shared([HB, D], fp8_dtype)
         k_s = T.alloc_shared([BI, D], fp8_dtype)
@@ -85,6 +85,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         p_s = T.alloc_shared([HB, BI], pv)
         ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
         masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
+        live = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
+        live_tiles = T.alloc_var(T.int32, init=0)
 
         acc_s = T.alloc_fragment([HB, BI], acc)
         acc_o = T.alloc_fragment([HB, D], acc)
@@ -99,12 +101,15 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         h0 = hb * HB
 
         split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0)
-        load_row_ids(indices, ids, masked, split_rows, s_i, sp, BI)
+        load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp)
+        for j in T.serial(tile.index_rows // BI):  # the loop's end: 1 + the last tile with a valid row
+            if live[j] != 0:
+                live_tiles = j + 1
         T.fill(acc_o, 0)
         T.fill(sum_part, 0)
         score_scales(m, scale2, q_scale, sm_scale)
 
-        for t in T.Pipelined(split_rows // BI, num_stages=tile.stages):
+        for t in T.Pipelined(live_tiles, num_stages=tile.stages):
             base = t * BI
             gather(kv, ids, base, k_s, kt_s)
             if row_scaled:

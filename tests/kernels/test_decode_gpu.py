@@ -140,11 +140,13 @@ def test_two_splits_merge_in_their_cluster(S, H):
     """64 to 132 blocks take two splits a query, run as 2-block clusters that merge through
     distributed shared memory (tiles.PAIRED, decode_regs.cluster_pair), with no merge kernel: right
     for a query whose second split saw only masked rows, one whose first did, one with every row
-    masked (zeros, lse -inf), and for a head count that pads its last head block (100 = 64 + 36)."""
+    masked (zeros, lse -inf), and for a head count that pads its last head block (100 = 64 + 36).
+    Split k owns the 128-row tiles k, k + 2, ... (decode_parts.load_row_ids)."""
     scale = D_V**-0.5
     q, kv, idx = make(S, H, 0, 2048, seed=21)
-    idx[1, 0, 1024:] = -1
-    idx[2, 0, :1024] = -1
+    tiles_of = idx.view(S, 1, 16, 128)
+    tiles_of[1, 0, 1::2] = -1  # the second split's tiles
+    tiles_of[2, 0, 0::2] = -1  # the first split's
     idx[3] = -1
     _, combine, n_split, *_ = decode._plan(torch.cuda.current_device(), S, H, 2048, D_V, D_V, None, False)
     assert n_split == 2 and combine is None
@@ -153,6 +155,34 @@ def test_two_splits_merge_in_their_cluster(S, H):
     assert rel_err(out[:3], ref[:3]) <= 0.01 and rel_err(out[4:], ref[4:]) <= 0.01
     assert (lse[:3] - ref_lse[:3]).abs().max().item() <= 1e-3 and (lse[4:] - ref_lse[4:]).abs().max().item() <= 1e-3
     assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
+
+
+@pytest.mark.parametrize(("S", "H"), [(1, 64), (64, 64), (37, 16)])
+def test_a_short_context_stops_after_its_last_valid_row(S, H):
+    """SGLang pads a context shorter than top-k with -1 at the tail; each split stops after its last
+    tile with a valid row (decode_parts.load_row_ids), its tiles interleaved with the other splits'.
+    Right for 300 valid rows of 2,048, for a query whose only valid row is the last slot of top-k,
+    for one with none (zeros, lse -inf), and whatever topk_length says."""
+    scale = D_V**-0.5
+    q, kv, idx = make(S, H, 0, 2048, seed=40)
+    last = idx[0, 0, 2047].item()
+    idx[:, 0, 300:] = -1
+    idx[0, 0, :] = -1
+    idx[0, 0, 2047] = last  # the last slot's row only
+    empty = S - 1 if S > 1 else None
+    if empty is not None:
+        idx[empty] = -1
+    out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
+    keep = [s for s in range(S) if s != empty]
+    assert rel_err(out[keep], ref[keep]) <= 0.01
+    assert (lse[keep] - ref_lse[keep]).abs().max().item() <= 1e-3
+    assert rel_err(out[0], kv[last, 0, :D_V].float().expand(H, -1)) <= 1e-6
+    if empty is not None:
+        assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
+    for length in (torch.full((S,), 300), torch.ones(S)):  # the valid count, and a wrong one
+        again = sparse_mla_decode_fp8(q, kv, idx, scale, topk_length=length.to(torch.int32).cuda())
+        assert torch.equal(again, out)
 
 
 @pytest.mark.parametrize(("S", "topk"), [(4, 100), (48, 300)])
@@ -187,6 +217,8 @@ def test_bad_input_says_what_to_change():
         sparse_mla_decode_fp8(q[..., :500].contiguous(), kv, idx, 1.0)
     with pytest.raises(ValueError, match="int32"):
         sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
+    with pytest.raises(ValueError, match=r"topk_length must be int32 \[1\]"):
+        sparse_mla_decode_fp8(q, kv, idx, 1.0, topk_length=torch.ones(2, dtype=torch.int32, device="cuda"))
 
 
 @pytest.mark.parametrize("tile", sorted({t for _, _, t in tiles.configurations(targets.get("sm_90"))}, key=str),
