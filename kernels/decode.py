@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 
-from dsaops.kernels import tiles
+from dsaops.kernels import splits, tiles
 
 from dsaops.cache import cache_dir
 
@@ -78,21 +78,6 @@ def _device_facts(index: int):
         arch = props.gcnArchName if torch.version.hip else f"compute capability {props.major}.{props.minor}"
         raise ValueError(f"no dsaops target for {arch}; see `dsaops targets`")
     return target, props.multi_processor_count
-
-
-def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
-    """Splits of the top-k range (`steps` = top-k / tile.block_rows): at least enough that no split
-    owns more than tile.index_rows rows (the host pads top-k to a multiple of the split count), then
-    the largest power of two that keeps the grid within one wave of `sm_count` blocks and divides the
-    steps, down to one tile a split (at small batches more, shorter splits finish sooner, and the
-    merge costs about the same at any split count)."""
-    blocks = S * -(-heads // tile.heads_per_block)
-    n = 1
-    while steps * tile.block_rows > n * tile.index_rows:
-        n *= 2
-    while blocks * n * 2 <= sm_count and n * 2 <= tiles.MAX_SPLITS and steps % (n * 2) == 0:
-        n *= 2
-    return n
 
 
 def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> bool:
@@ -190,7 +175,7 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     # the batch size picks between Hopper's two tiles
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, d_tail=width - d_v, row_scaled=row_scaled, few_queries=few)
-    n_split = 2 if tile.pairs else choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
+    n_split = 2 if tile.pairs else splits.choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
     if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
         tile = tiles.PAIRED[tile]
     # every split owns as many tiles; the kernel reads positions past top-k as -1 and stops after a

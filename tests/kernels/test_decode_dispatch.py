@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from dsaops.kernels import decode_supported, tiles
-from dsaops.kernels.decode import choose_split
+from dsaops.kernels import decode_supported, splits, tiles
+from dsaops.kernels.splits import choose_split, split_time
 
 from dsaops import targets
 from dsaops.cli import main as dsaops_main
@@ -111,16 +111,41 @@ def test_v_in_registers_is_refused_where_it_was_not_written_for():
             decode.program(targets.get("sm_90"), tile, 0, row_scaled=row_scaled)
 
 
-@pytest.mark.parametrize(("S", "heads", "want"), [(1, 64, 32), (16, 64, 8), (64, 64, 2), (256, 64, 1),
-                                                  (1, 16, 32), (4, 16, 32), (64, 16, 2), (128, 128, 1)])
-def test_split_fills_the_sms_down_to_a_tile_a_split(S, heads, want):
-    few = tiles.too_few_queries(S, heads, 2048, sm_count=132)
-    tile = tiles.choose(targets.get("sm_90"), heads, few_queries=few)
+@pytest.mark.parametrize(("S", "want"), [(1, 32), (16, 8), (48, 2), (64, 2), (80, 3), (100, 1), (128, 1), (160, 2),
+                                         (192, 2), (256, 1), (320, 2), (384, 1), (448, 2), (512, 1)])
+def test_the_split_fills_the_waves_of_sms(S, want):
+    """H200, H=64, top-k 2048: one wave of blocks down to a tile a split at small batches; where one
+    split a query leaves a wave part-filled (S = 80, 160, 192, 320, 448 on 132 SMs), more splits
+    or cluster pairs that fill it. S = 100 keeps one split: 100 of 132 SMs busy, modeled no slower
+    than any split of equal tiles once the merge's reads are counted."""
+    few = tiles.too_few_queries(S, 64, 2048, sm_count=132)
+    tile = tiles.choose(targets.get("sm_90"), 64, d_tail=0, few_queries=few)
     steps = 2048 // tile.block_rows
-    n = choose_split(S, heads, steps, tile, sm_count=132)
+    n = choose_split(S, 64, steps, tile, sm_count=132)
     assert n == want
-    assert steps % n == 0 and steps // n >= 1
-    assert n == 1 or S * -(-heads // tile.heads_per_block) * n <= 132  # one wave at most
+    assert 1 <= n <= tiles.MAX_SPLITS and -(-steps // n) * tile.block_rows <= tile.index_rows
+    one = split_time(S, 64, steps, tile, 132, 1)
+    assert split_time(S, 64, steps, tile, 132, n) <= one
+    if S in (80, 160, 192):  # one split a query leaves most of a second wave idle
+        assert split_time(S, 64, steps, tile, 132, n) < 0.85 * one
+
+
+def test_the_wave_model():
+    """split_time in tile times: whole waves of blocks, half the slots for cluster pairs, the merge's
+    launch and reads for more splits; splits of unequal tiles (n not dividing the tiles) end with
+    the longest."""
+    tile = tiles.REGISTER_V_TILE
+    fixed = splits.BLOCK_FIXED
+    assert split_time(132, 64, 16, tile, 132, 1) == fixed + 16
+    assert split_time(133, 64, 16, tile, 132, 1) == 2 * (fixed + 16)  # one block more: a second wave
+    assert split_time(66, 64, 16, tile, 132, 2) == fixed + 8  # 66 pairs on 66 pairs of SMs, no merge
+    assert split_time(67, 64, 16, tile, 132, 2) == 2 * (fixed + 8)
+    # 44 queries x 3 splits of 6, 5 and 5 tiles: one wave; the merge reads 132 partials, one an SM
+    merge = splits.MERGE_FIXED + splits.MERGE_PER_PARTIAL
+    assert split_time(44, 64, 16, tile, 132, 3) == pytest.approx(fixed + 6 + merge)
+    # a 16-head block's partial is a quarter of a 64-head one's
+    narrow = split_time(1, 16, 16, tiles.NARROW_TILES[16], 132, 4)
+    assert narrow == pytest.approx(fixed + 4 + splits.MERGE_FIXED + splits.MERGE_PER_PARTIAL / 132)
 
 
 def test_each_split_count_gets_the_smallest_merge_that_holds_it():
