@@ -8,6 +8,7 @@ clusters that merge in the kernel: tiles.PAIRED).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -16,6 +17,27 @@ from dsaops.kernels import splits, tiles
 from dsaops.cache import cache_dir
 
 FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
+PROXY_SEPARATOR = "@"
+
+
+def kernel_target(name: str):
+    """A target of the targets table by name, or TARGET@ARCH: TARGET's tiles, shared-memory budget
+    and features compiled for ARCH (the gpu_arch of another NVIDIA target) with wgmma off.
+    sm_121@sm_90a runs GB10's kernels (mma.sync, its tiles and shared-memory layout) on a Hopper;
+    what differs from the sm_121a binary is the instruction set ptxas targets, nothing TileLang
+    writes (tests/kernels/test_proxy_compile.py compares the two)."""
+    from dsaops import targets
+
+    base, _, arch = name.partition(PROXY_SEPARATOR)
+    target = targets.get(base)
+    if not arch:
+        return target
+    archs = {t.gpu_arch for t in targets.table().values() if t.vendor == "nvidia"}
+    if target.vendor != "nvidia" or arch not in archs:
+        raise targets.UnknownTarget(f"{name!r}: a proxy is an NVIDIA target compiled for another's arch, "
+                                    f"TARGET@ARCH with ARCH one of {', '.join(sorted(archs))}")
+    return dataclasses.replace(target, name=name, gpu_arch=arch)
+
 
 def program(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
     """The TileLang program of one decode tile on `target` (V in registers: decode_regs; V in shared
@@ -40,12 +62,31 @@ def program(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: 
 
 
 def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_scaled: bool = False):
-    """Compile (or load from TILELANG_CACHE_DIR) `program`'s kernel. Returns a tilelang JITKernel."""
+    """Compile (or load from TILELANG_CACHE_DIR) `program`'s kernel. Returns a tilelang JITKernel.
+    A target without wgmma in its table row is compiled with TileLang's wgmma lowering off: on its
+    own arch that changes nothing, on a Hopper (a proxy, kernel_target) it keeps mma.sync."""
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     import tilelang
 
+    configs = {} if target.has("wgmma") else {tilelang.PassConfigKey.TL_DISABLE_WGMMA: True}
     return tilelang.compile(program(target, tile, d_tail, d_v, row_scaled), target=target.tilelang_target,
-                            pass_configs={})
+                            pass_configs=configs)
+
+
+def _warm(job) -> None:
+    target_name, tile, d_tail, row_scaled = job
+    compile_kernel(kernel_target(target_name), tile, d_tail, row_scaled=row_scaled)
+
+
+def warm_cache(jobs, workers: int | None = None) -> None:
+    """Compile (target name, tile, d_tail, row_scaled) jobs into TILELANG_CACHE_DIR in parallel
+    processes, so that a process using them loads each instead of compiling it (the GPU tests)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
+    with ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_warm, jobs))
 
 
 _kernel = functools.cache(compile_kernel)  # (target, tile, d_tail) -> kernel, once per process
@@ -162,16 +203,20 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
 
 
 @functools.cache
-def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool):
+def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool,
+          target_name: str | None = None):
     """(decode entry, combine entry or None, split count, rows a split owns, kv_scale stand-in, lse
     scratch) for one call shape, once per shape: a call then costs one look-up keyed by ints instead
     of the tile and split choice and two hashed kernel look-ups. The stand-in fills the raw layout's
     kv_scale argument, which its kernel never reads (one signature for both layouts). The scratch
     takes the lse of a call that does not return it: the kernels write it and nothing reads it, so
-    every such call may share it, on any stream (an allocation costs about what a launch does)."""
+    every such call may share it, on any stream (an allocation costs about what a launch does).
+    target_name: kernels of another target than the device's (kernel_target: a proxy)."""
     import torch
 
     target, sm_count = _device_facts(device_index)
+    if target_name is not None:
+        target = kernel_target(target_name)
     # the batch size picks between Hopper's two tiles
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, d_tail=width - d_v, row_scaled=row_scaled, few_queries=few)
@@ -191,8 +236,10 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
             torch.empty((S, H), dtype=torch.float32, device=f"cuda:{device_index}"))
 
 
-def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None):
-    """sparse_mla_decode_fp8 without the input checks, with an optional forced tile (benchmarks)."""
+def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=None, target=None):
+    """sparse_mla_decode_fp8 without the input checks, with an optional forced tile (benchmarks), or
+    another target's kernels (`target`, a kernel_target name: "sm_121@sm_90a" runs GB10's on a
+    Hopper)."""
     import torch
 
     S, H, width = q.shape
@@ -200,7 +247,7 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     dev = q.device
     device_index = dev.index if dev.index is not None else torch.cuda.current_device()
     decode, combine, n_split, split_rows, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile,
-                                                                      kv_scale is not None)
+                                                                      kv_scale is not None, target)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     scale = unread if kv_scale is None else kv_scale

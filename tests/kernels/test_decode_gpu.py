@@ -22,6 +22,14 @@ D_V = 512
 SLOTS = 1 << 16
 
 
+def decode_on(target, q, kv, idx, scale, return_lse=False):
+    """sparse_mla_decode_fp8 with the GPU's own kernels (target None), or another target's
+    (decode.kernel_target: "sm_121@sm_90a" runs GB10's on a Hopper; the conftest's `target`)."""
+    if target is None:
+        return sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=return_lse)
+    return decode_with_tile(q, kv, idx, scale, D_V, return_lse, target=target)
+
+
 def rel_err(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
@@ -41,10 +49,10 @@ def make(S, H, d_tail, topk, *, seed=0, slots=SLOTS):
 @pytest.mark.parametrize("H", [8, 16, 32, 64, 128])
 @pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 37])
-def test_spread_case_within_budget(H, d_tail, S):
+def test_spread_case_within_budget(H, d_tail, S, target):
     q, kv, idx = make(S, H, d_tail, 2048, seed=H + d_tail + S)
     scale = (D_V + d_tail) ** -0.5
-    out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    out, lse = decode_on(target, q, kv, idx, scale, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
     assert out.shape == (S, H, D_V) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all()
@@ -52,11 +60,11 @@ def test_spread_case_within_budget(H, d_tail, S):
     assert (lse - ref_lse).abs().max().item() <= 1e-3
 
 
-def test_wide_score_range_rescales_the_accumulator_mid_query():
+def test_wide_score_range_rescales_the_accumulator_mid_query(target):
     """sm_scale 1: scores spread over ~2^40, so the running max jumps by large factors across tiles
     and the accumulator's rescale is what keeps the output right."""
     q, kv, idx = make(16, 64, 0, 2048, seed=11)
-    out, lse = sparse_mla_decode_fp8(q, kv, idx, 1.0, return_lse=True)
+    out, lse = decode_on(target, q, kv, idx, 1.0, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, 1.0, return_lse=True)
     assert rel_err(out, ref) <= 0.01
     # fp8 wgmma accumulates scores of ~100 to ~2^-10 relative (lse ~0.1 off), so lse is held to 0.2%
@@ -79,10 +87,10 @@ def test_an_asked_for_lse_is_the_callers_own(S):
     assert lse2.data_ptr() != lse.data_ptr() and not torch.equal(lse2, lse)
 
 
-def test_topk_beyond_one_splits_row_ids_is_split_and_padded():
+def test_topk_beyond_one_splits_row_ids_is_split_and_padded(target):
     """A top-k larger than a split's row-id buffer (tile.index_rows), not a multiple of the tile."""
     q, kv, idx = make(200, 64, 0, 3000, seed=12)
-    out = sparse_mla_decode_fp8(q, kv, idx, D_V**-0.5)
+    out = decode_on(target, q, kv, idx, D_V**-0.5)
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
 
 
@@ -90,45 +98,45 @@ def test_topk_beyond_one_splits_row_ids_is_split_and_padded():
 # (few queries), the 128-row tiles alone and as two-split clusters (S = 64: tiles.PAIRED);
 # test_each_hopper_tile_matches_reference forces every one of them
 @pytest.mark.parametrize(("S", "H"), [(8, 64), (64, 16)])
-def test_scrambled_indices_fail_the_comparator(S, H):
+def test_scrambled_indices_fail_the_comparator(S, H, target):
     """Negative control: the comparator must see a wrong row set (>= 50% error)."""
     q, kv, idx = make(S, H, 0, 2048, seed=1)
     scrambled = torch.randint(0, SLOTS, idx.shape, device="cuda", dtype=torch.int32)
-    out = sparse_mla_decode_fp8(q, kv, scrambled, D_V**-0.5)
+    out = decode_on(target, q, kv, scrambled, D_V**-0.5)
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) >= 0.5
 
 
 @pytest.mark.parametrize("S", [1, 64])
 @pytest.mark.parametrize("H", [16, 64])
-def test_one_hot_returns_the_row(S, H):
+def test_one_hot_returns_the_row(S, H, target):
     """q equal to one row's key with a huge scale: softmax is exactly one-hot, out is that row's V."""
     _, kv, idx = make(S, H, 64, 2048, seed=2)
     pick = torch.randint(0, 2048, (S,), device="cuda")
     rows = kv[idx[:, 0, :].gather(1, pick[:, None]).squeeze(1).long(), 0]  # [S, 576] fp8
     q = rows[:, None, :].to(torch.bfloat16).expand(S, H, -1).contiguous()
-    out = sparse_mla_decode_fp8(q, kv, idx, 1000.0)
+    out = decode_on(target, q, kv, idx, 1000.0)
     want = rows[:, None, :D_V].float().expand_as(out)
     assert rel_err(out, want) <= 1e-6
 
 
 @pytest.mark.parametrize("H", [16, 64])
-def test_single_unmasked_index_is_exact_and_masked_rows_are_ignored(H):
+def test_single_unmasked_index_is_exact_and_masked_rows_are_ignored(H, target):
     q, kv, idx = make(16, H, 0, 2048, seed=3)
     keep = torch.randint(0, 2048, (16,), device="cuda")
     masked = torch.full_like(idx, -1)
     masked.scatter_(2, keep[:, None, None], idx.gather(2, keep[:, None, None]))
     kv[0] = torch.full(kv[0].shape, float("nan"), device="cuda").to(FP8)  # what masked (-1) rows must never reach
-    out = sparse_mla_decode_fp8(q, kv, masked, D_V**-0.5)
+    out = decode_on(target, q, kv, masked, D_V**-0.5)
     want = kv[masked.max(dim=2).values[:, 0].long(), 0, :D_V].float()[:, None, :].expand_as(out)
     assert rel_err(out, want) <= 1e-6
 
 
 @pytest.mark.parametrize("S", [2, 48])
-def test_random_masks_match_reference_and_all_masked_row_is_zero(S):
+def test_random_masks_match_reference_and_all_masked_row_is_zero(S, target):
     q, kv, idx = make(S, 32, 64, 1024, seed=4)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.3, -1, idx).to(torch.int32)
     idx[0] = -1
-    out, lse = sparse_mla_decode_fp8(q, kv, idx, 576**-0.5, return_lse=True)
+    out, lse = decode_on(target, q, kv, idx, 576**-0.5, return_lse=True)
     ref = reference.sparse_mla_decode(q, kv, idx, 576**-0.5)
     assert not torch.isnan(out).any()
     assert (out[0] == 0).all() and torch.isneginf(lse[0]).all()
@@ -158,7 +166,7 @@ def test_two_splits_merge_in_their_cluster(S, H):
 
 
 @pytest.mark.parametrize(("S", "H"), [(1, 64), (64, 64), (37, 16)])
-def test_a_short_context_stops_after_its_last_valid_row(S, H):
+def test_a_short_context_stops_after_its_last_valid_row(S, H, target):
     """SGLang pads a context shorter than top-k with -1 at the tail; each split stops after its last
     tile with a valid row (decode_parts.load_row_ids), its tiles interleaved with the other splits'.
     Right for 300 valid rows of 2,048, for a query whose only valid row is the last slot of top-k,
@@ -172,7 +180,7 @@ def test_a_short_context_stops_after_its_last_valid_row(S, H):
     empty = S - 1 if S > 1 else None
     if empty is not None:
         idx[empty] = -1
-    out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
+    out, lse = decode_on(target, q, kv, idx, scale, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
     keep = [s for s in range(S) if s != empty]
     assert rel_err(out[keep], ref[keep]) <= 0.01
@@ -180,23 +188,23 @@ def test_a_short_context_stops_after_its_last_valid_row(S, H):
     assert rel_err(out[0], kv[last, 0, :D_V].float().expand(H, -1)) <= 1e-6
     if empty is not None:
         assert (out[empty] == 0).all() and torch.isneginf(lse[empty]).all()
-    for length in (torch.full((S,), 300), torch.ones(S)):  # the valid count, and a wrong one
+    for length in (torch.full((S,), 300), torch.ones(S)) if target is None else ():  # the valid count, a wrong one
         again = sparse_mla_decode_fp8(q, kv, idx, scale, topk_length=length.to(torch.int32).cuda())
         assert torch.equal(again, out)
 
 
 @pytest.mark.parametrize(("S", "topk"), [(4, 100), (48, 300)])
-def test_first_and_last_slot_and_unpadded_topk(S, topk):
+def test_first_and_last_slot_and_unpadded_topk(S, topk, target):
     """Indices at slot 0 and slots-1, and a top-k that is not a multiple of the row tile."""
     q, kv, idx = make(S, 16, 0, topk, seed=5)
     idx[:, 0, 0] = 0
     idx[:, 0, -1] = SLOTS - 1
-    out = sparse_mla_decode_fp8(q, kv, idx, D_V**-0.5)
+    out = decode_on(target, q, kv, idx, D_V**-0.5)
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
 
 
 @pytest.mark.parametrize(("S", "H"), [(8, 64), (64, 16)])
-def test_q_of_any_magnitude_keeps_its_precision(S, H):
+def test_q_of_any_magnitude_keeps_its_precision(S, H, target):
     """q's e4m3 halves are scaled a head (q_halves): q a thousand times smaller or larger than N(0, 1)
     gives the kernel-only error of the spread case, where q rounded to e4m3 errs several times more
     (negative control: the same comparator on the rounded q's reference)."""
@@ -206,7 +214,7 @@ def test_q_of_any_magnitude_keeps_its_precision(S, H):
         q = (size * torch.randn((S, H, D_V), generator=g, device="cuda")).to(torch.bfloat16)
         scale = D_V**-0.5 / size
         want = reference.sparse_mla_decode(q, kv, idx, scale)
-        assert rel_err(sparse_mla_decode_fp8(q, kv, idx, scale), want) <= 0.01, size
+        assert rel_err(decode_on(target, q, kv, idx, scale), want) <= 0.01, size
         rounded = reference.sparse_mla_decode(q.float().clamp(-448, 448).to(FP8).to(torch.bfloat16), kv, idx, scale)
         assert rel_err(rounded, want) > 0.02, size
 
