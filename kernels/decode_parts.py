@@ -136,6 +136,49 @@ def score_scales(m, scale2, q_scale, sm_scale):
 
 
 @T.macro
+def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype):
+    """Shared memory of QK^T's operands: q's two e4m3 halves [heads, d_v] (split_q) and a tile's
+    gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's largest |q|
+    and scale a head. (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
+    q_hi = T.alloc_shared([heads, d_v], fp8_dtype)
+    q_lo = T.alloc_shared([heads, d_v], fp8_dtype)
+    k_s = T.alloc_shared([rows, d_v], fp8_dtype)
+    qt_hi = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail else None
+    qt_lo = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail else None
+    kt_s = T.alloc_shared([rows, d_tail], fp8_dtype) if d_tail else None
+    q_amax = T.alloc_shared([heads], T.float32)
+    q_scale = T.alloc_shared([heads], T.float32)
+    return q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale
+
+
+@T.macro
+def alloc_row_ids(index_rows, rows):
+    """Shared memory of a split's row ids and its tiles' flags (load_row_ids): (ids, masked, live)."""
+    ids = T.alloc_shared([index_rows], T.int32, scope="shared")
+    masked = T.alloc_shared([index_rows // rows], T.int32, scope="shared")
+    live = T.alloc_shared([index_rows // rows], T.int32, scope="shared")
+    return ids, masked, live
+
+
+@T.macro
+def prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split, H, s_i, sp, h0):
+    """Before the first tile: q's halves and scales (split_q), the split's row ids and its tiles'
+    flags (load_row_ids), the accumulators and the running max cleared, each head's score scale.
+    Returns where the split's loop ends: 1 + its last tile with a valid row."""
+    # by index: names bound here (even `_`) would rename those buffers in the generated source
+    split_q(q, operands[0], operands[1], operands[3], operands[4], operands[6], operands[7], H, s_i, h0)
+    load_row_ids(indices, *row_ids, split_rows, n_split, s_i, sp)
+    T.fill(acc_o, 0)
+    T.fill(sum_part, 0)
+    score_scales(m, scale2, operands[7], sm_scale)
+    end = T.alloc_var(T.int32, init=0)
+    for j in T.serial(row_ids[2].shape[0]):  # each thread its own: 1 + the split's last tile with a valid row
+        if row_ids[2][j] != 0:
+            end = j + 1
+    return end
+
+
+@T.macro
 def load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp):
     """The split's row ids into shared memory, once: each tile's gather addresses and masks then come
     from shared memory instead of a dependent global load (an HBM latency) per tile. Split sp owns

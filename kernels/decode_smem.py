@@ -8,15 +8,15 @@ scores and P by its rows' scales, and runs P.V in bf16.
 
 import tilelang.language as T
 from dsaops.kernels.decode_parts import (
+    alloc_operands,
+    alloc_row_ids,
     decode_kernel,
     gather,
-    load_row_ids,
     mask_scores,
     online_softmax,
+    prologue,
     reciprocals,
-    score_scales,
     scores,
-    split_q,
     write_lse,
 )
 
@@ -71,22 +71,14 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
-        q_hi = T.alloc_shared([HB, D], fp8_dtype)  # q as two e4m3 halves (split_q)
-        q_lo = T.alloc_shared([HB, D], fp8_dtype)
-        k_s = T.alloc_shared([BI, D], fp8_dtype)
-        qt_hi = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
-        qt_lo = T.alloc_shared([HB, Dt], fp8_dtype) if Dt else None
-        kt_s = T.alloc_shared([BI, Dt], fp8_dtype) if Dt else None
-        q_amax = T.alloc_shared([HB], acc)
-        q_scale = T.alloc_shared([HB], acc)
+        operands = alloc_operands(HB, BI, D, Dt, fp8_dtype)
+        q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s = operands[:6]
         if row_scaled:
             sc_s = T.alloc_shared([BI], acc)
         v_s = T.alloc_shared([BI, D], pv)
         p_s = T.alloc_shared([HB, BI], pv)
-        ids = T.alloc_shared([tile.index_rows], T.int32, scope="shared")
-        masked = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
-        live = T.alloc_shared([tile.index_rows // BI], T.int32, scope="shared")
-        live_tiles = T.alloc_var(T.int32, init=0)
+        row_ids = alloc_row_ids(tile.index_rows, BI)
+        ids, masked = row_ids[:2]
 
         acc_s = T.alloc_fragment([HB, BI], acc)
         acc_o = T.alloc_fragment([HB, D], acc)
@@ -100,14 +92,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
 
         h0 = hb * HB
 
-        split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0)
-        load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp)
-        for j in T.serial(tile.index_rows // BI):  # the loop's end: 1 + the last tile with a valid row
-            if live[j] != 0:
-                live_tiles = j + 1
-        T.fill(acc_o, 0)
-        T.fill(sum_part, 0)
-        score_scales(m, scale2, q_scale, sm_scale)
+        live_tiles = prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split,
+                              H, s_i, sp, h0)
 
         for t in T.Pipelined(live_tiles, num_stages=tile.stages):
             base = t * BI
