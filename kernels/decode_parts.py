@@ -78,13 +78,13 @@ def pow2_scale(amax):
     """The power of two that puts amax (a head's largest |q|, float32) in [128, 256): 2^(7 - e) for
     amax = m * 2^e, from the exponent bits alone (exact, no rounding); 1 where amax is below 2^-119
     (zero, or too small for the inverse to stay a normal float)."""
-    e = T.shift_right(T.reinterpret("int32", amax), 23)  # the biased exponent (amax >= 0)
-    return T.if_then_else(e >= 8, T.reinterpret("float32", T.shift_left(261 - e, 23)), T.float32(1))
+    e = T.shift_right(T.reinterpret(amax, "int32"), 23)  # the biased exponent (amax >= 0)
+    return T.if_then_else(e >= 8, T.reinterpret(T.shift_left(261 - e, 23), "float32"), T.float32(1))
 
 
 def pow2_inverse(s):
     """1 / s for a power of two s from pow2_scale, exactly (its exponent negated)."""
-    return T.reinterpret("float32", T.shift_left(254 - T.shift_right(T.reinterpret("int32", s), 23), 23))
+    return T.reinterpret(T.shift_left(254 - T.shift_right(T.reinterpret(s, "int32"), 23), 23), "float32")
 
 
 @T.macro

@@ -139,8 +139,11 @@ def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_q
     # the heads fits: gfx942's 64 KB of LDS.
     head_blocks = [hb >> i for i in range(hb.bit_length()) if hb >> i >= 16]
     for block_heads, (rows, stages), index_rows in itertools.product(head_blocks, _CANDIDATES, _INDEX_ROWS):
-        # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4
+        # 8 warps over a tile under 64 x 64 leave each warp too few rows/columns for mma: use 4; a
+        # 64-lane wavefront's MFMA takes 16 x 16, so a 16-row tile of 16 heads gets one wavefront
         threads = 256 if rows >= 64 or block_heads >= 64 else 128
+        if target.warp_lanes == 64 and rows < 32 and block_heads < 32:
+            threads = 64
         tile = Tile(block_heads, rows, stages, threads=threads, index_rows=index_rows)
         if smem_bytes(tile, d_tail) <= budget:
             return tile
