@@ -229,15 +229,16 @@ def test_bad_input_says_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx, 1.0, topk_length=torch.ones(2, dtype=torch.int32, device="cuda"))
 
 
-@pytest.mark.parametrize("tile", sorted({t for _, _, t in tiles.configurations(targets.get("sm_90"))}, key=str),
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize(("tile", "d_tail"),
+                         sorted({(t, dt) for _, dt, t in tiles.configurations(targets.get("sm_90"))}, key=str),
+                         ids=lambda x: x.name if isinstance(x, tiles.Tile) else f"d_tail{x}")
 @pytest.mark.parametrize("blocks", ["part", "several"])
-@pytest.mark.parametrize("d_tail", [0, 64])
 @pytest.mark.parametrize("S", [1, 40])
-def test_each_hopper_tile_matches_reference(tile, blocks, d_tail, S):
-    """Each raw-layout tile the dispatch has on sm_90 (tiles.configurations: the V-in-registers
-    tiles of 64 heads and the narrow ones, and their two-split clusters), forced at any batch size, with half a head block (the rest
-    padded) or several: spread case, masked rows, an all-masked query."""
+def test_each_hopper_tile_matches_reference(tile, d_tail, blocks, S):
+    """Each raw-layout tile the dispatch has on sm_90 for each d_tail (tiles.configurations: the
+    V-in-registers tiles of 64 heads and the narrow ones, and their two-split clusters), forced at
+    any batch size, with half a head block (the rest padded) or several: spread case, masked rows,
+    an all-masked query."""
     H = tile.heads_per_block // 2 if blocks == "part" else 128
     q, kv, idx = make(S, H, d_tail, 2048, seed=100 + H + d_tail + S)
     idx = torch.where(torch.rand(idx.shape, device="cuda") < 0.2, -1, idx).to(torch.int32)
