@@ -14,6 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dsaops.errors import UserError
+
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
 PHASES = ("preflight", "host_memory", "network", "sglang_server", "health", "monitoring")
@@ -35,8 +37,6 @@ def add_parser(sub) -> None:
 
 
 def resolve_inventory(name: str) -> Path:
-    from dsaops.cli import UserError
-
     for candidate in (Path(name), INVENTORIES / name, INVENTORIES / f"{name}.yml"):
         if candidate.is_file():
             return candidate.resolve()
@@ -45,8 +45,6 @@ def resolve_inventory(name: str) -> Path:
 
 
 def run(args) -> int:
-    from dsaops.cli import UserError
-
     if not (PLAYBOOKS / "cluster.yml").is_file():
         raise UserError(f"the playbooks are not here ({PLAYBOOKS}); run dsaops deploy from a dsaops source checkout")
     if args.print_commands and (args.check or args.tags):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsaops.cache import cache_dir
+from dsaops.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
@@ -39,12 +40,6 @@ class Plan:
     notes: list[str]
 
 
-def _user_error(message: str) -> Exception:
-    from dsaops.cli import UserError
-
-    return UserError(message)
-
-
 def _git(*args: str) -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), *args], check=False, capture_output=True, text=True,
@@ -58,7 +53,7 @@ def _target(name: str):
     from dsaops import targets
 
     if not name:
-        raise _user_error(f"ARCH= (--arch) is required; valid targets: {', '.join(targets.table())}")
+        raise UserError(f"ARCH= (--arch) is required; valid targets: {', '.join(targets.table())}")
     return targets.get(name)
 
 
@@ -106,10 +101,10 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
 
     target = _target(name)
     if push and not registry:
-        raise _user_error("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
+        raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
                           f"without it the push would go to Docker Hub's {IMAGE_NAME}")
     if stage not in STAGES:
-        raise _user_error(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+        raise UserError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
     image = f"{repo_name}:{tag or f'{SGLANG_PIN}-{target.name}'}"
     context = Path(context or IMAGES / "context")
@@ -175,7 +170,7 @@ def render(p: Plan) -> str:
 def check_engine() -> None:
     """Raise UserError unless a docker CLI is installed and its engine answers."""
     if not shutil.which("docker"):
-        raise _user_error("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
+        raise UserError("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
                           "and its buildx plugin, then run `make image` again")
     try:
         out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False,
@@ -185,7 +180,7 @@ def check_engine() -> None:
     if out is None or out.returncode != 0:
         where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         said = (out.stderr.strip().splitlines() or [""])[-1] if out else "no answer within 60 s"
-        raise _user_error(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
+        raise UserError(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
                           "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
 
 
@@ -206,7 +201,7 @@ def sglang_wheel_for(target, pin: str) -> Path:
              f"sglang=={pin}", "-d", str(wheels))
         found = sorted(wheels.glob(pattern))
     if not found:
-        raise _user_error(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
+        raise UserError(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
     return found[-1]
 
 
@@ -214,7 +209,7 @@ def source_files() -> list[str]:
     """The project's files as git sees them (tracked and new, not ignored): what goes into the wheel."""
     listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
     if not listed:
-        raise _user_error(f"{REPO} is not a git checkout: build the image from a clone of the repository")
+        raise UserError(f"{REPO} is not a git checkout: build the image from a clone of the repository")
     return [f for f in listed.split("\0") if f and (REPO / f).is_file()]
 
 
@@ -243,7 +238,7 @@ def stage_context(context: Path, sglang_wheel: Path | None) -> None:
     """
     foreign = sorted(e.name for e in context.iterdir() if e.name not in CONTEXT_ENTRIES) if context.is_dir() else []
     if foreign or (context.exists() and not context.is_dir()):
-        raise _user_error(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
+        raise UserError(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
                           "give an empty or new folder, or one an earlier `dsaops image build` staged")
     for name in CONTEXT_ENTRIES:
         entry = context / name
@@ -286,7 +281,7 @@ def add_parser(sub) -> None:
 def _parse_build_args(pairs: list[str]) -> dict[str, str]:
     bad = [p for p in pairs if "=" not in p]
     if bad:
-        raise _user_error(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
+        raise UserError(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
     return dict(p.split("=", 1) for p in pairs)
 
 
@@ -299,7 +294,7 @@ def run(args) -> int:
         return 0
     check_engine()
     if importlib.util.find_spec("pip") is None:
-        raise _user_error(f"{sys.executable} has no pip, which builds the project's wheel: install it "
+        raise UserError(f"{sys.executable} has no pip, which builds the project's wheel: install it "
                           "(sudo apt-get install python3-pip) or run `make venv` first")
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
@@ -307,7 +302,7 @@ def run(args) -> int:
     if not p.target.base_carries_sglang:
         wheel = args.sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
         if not wheel.is_file():
-            raise _user_error(f"--sglang-wheel {wheel}: no such file")
+            raise UserError(f"--sglang-wheel {wheel}: no such file")
     stage_context(p.context, wheel)
     for cmd in p.commands:
         print("+ " + shlex.join(cmd), file=sys.stderr)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from dsaops.errors import UserError
+
 DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
               "scratch per draft token); a DFLASH drafter's own KV is not counted")
 
@@ -60,8 +62,6 @@ def run(args) -> int:
 
 def make_plan(args) -> dict:
     from dsaops import concurrency, kv_budget, kv_layout, model_geometry, targets
-    from dsaops.cli import UserError
-
     target = targets.get(args.target)
     try:
         model = (model_geometry.load_config_file(args.model_config) if args.model_config
@@ -154,8 +154,6 @@ def _pools(args, model, par, rest_gib: float, cell_bytes: int, slots_per_req: in
 
 
 def _parallelism(args) -> dict:
-    from dsaops.cli import UserError
-
     for flag in ("nodes", "gpus_per_node", "tp_size", "dp_size"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
@@ -175,8 +173,6 @@ def _parallelism(args) -> dict:
 
 
 def _memory(args, target, model, par) -> tuple[dict, list[str]]:
-    from dsaops.cli import UserError
-
     pre = args.gpu_memory_gib - target.reserved_memory_gib
     assumptions = [(f"free memory before weights: --gpu-memory-gib {args.gpu_memory_gib:g} less {target.name}'s "
                     f"reserved_memory_gib {target.reserved_memory_gib:g} (dsaops/targets.toml)")]
@@ -206,7 +202,6 @@ def _mamba_slots_per_request(args) -> int:
     """overrides.py _mamba_radix_cache_resolution: `auto` keeps the extra buffer unless overlap
     scheduling is off (GLM-5.3-Flash pages are 64 tokens, so it stays on); no_buffer turns
     overlap off. Then kv_cache_configurator.py _calculate_mamba_ratio."""
-    from dsaops.cli import UserError
     from dsaops.concurrency import mamba_slots_per_request
 
     strategy = args.mamba_radix_cache_strategy

@@ -7,10 +7,12 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
+from dsaops.errors import UserError
+
 TABLE = Path(__file__).with_name("targets.toml")
 
 
-class UnknownTarget(ValueError):
+class UnknownTarget(UserError):
     """A target name that is not in the table; the message lists the valid ones."""
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from dsaops.errors import UserError
+
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
 
 
@@ -48,7 +50,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from dsaops import verify_probes as vp
-    from dsaops.cli import UserError
 
     if not args.server_url:
         raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
@@ -100,8 +101,6 @@ def _report(args, model, results) -> int:
 
 
 def _depths(text: str) -> list[int]:
-    from dsaops.cli import UserError
-
     try:
         depths = [int(d) for d in text.replace(" ", "").split(",") if d]
     except ValueError:
@@ -113,8 +112,6 @@ def _depths(text: str) -> list[int]:
 
 
 def _read_reference(path: str) -> dict:
-    from dsaops.cli import UserError
-
     try:
         with open(path, encoding="utf-8") as f:
             return dict(json.load(f)["answers"])
@@ -135,7 +132,6 @@ def run_boot_gate(args) -> int:
     import subprocess
 
     from dsaops import boot_gate
-    from dsaops.cli import UserError
 
     cleanup = None
     if args.image:

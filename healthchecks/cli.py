@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import socket
 
+from dsaops.errors import UserError
+
 DEFAULT_LISTEN = "0.0.0.0:9860"  # not 9400 (dcgm-exporter) nor 9100 (node_exporter)
 
 
@@ -32,8 +34,6 @@ def add_parser(sub) -> None:
 
 
 def parse_listen(value: str) -> tuple[str, int]:
-    from dsaops.cli import UserError
-
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(f"--listen {value!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
@@ -44,8 +44,6 @@ def run_exporter(args) -> int:
     from dsaops.healthchecks.exporter import Config, Exporter
     from dsaops.healthchecks.http import serve
     from dsaops.healthchecks.server_info import read_plan
-
-    from dsaops.cli import UserError
 
     host, port = parse_listen(args.listen)
     if args.interval <= 0:

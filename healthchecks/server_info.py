@@ -18,6 +18,7 @@ from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 from dsaops import concurrency
+from dsaops.errors import UserError
 
 # Keys read from /server_info; the contract test finds each in the pinned wheel.
 TOP_KEYS = ("max_running_requests", "attn_dp_size", "context_length", "kv_cache_dtype",
@@ -86,8 +87,6 @@ def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
 
 def read_plan(path: str) -> int:
     """`kv_pool_tokens_per_rank` from `dsaops plan --json` output."""
-    from dsaops.cli import UserError
-
     try:
         with open(path) as f:
             value = json.load(f)["kv_pool_tokens_per_rank"]

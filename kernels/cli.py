@@ -14,6 +14,8 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from dsaops.errors import UserError
+
 _SMEM_ARG = re.compile(r"v_int64\) = \(\(int64_t\)(\d+)\);")
 _STATIC_SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+\w+\[(\d+)\];")
 PDL_WAIT = "cudaGridDependencySynchronize"  # TileLang's device code for T.pdl_sync (programmatic dependent launch)
@@ -142,7 +144,6 @@ def run_compile(args) -> int:
     from dsaops.kernels import tiles
 
     from dsaops import targets
-    from dsaops.cli import UserError
 
     target = targets.get(args.target)
     if target.vendor != "nvidia":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from dsaops.errors import UserError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("patches", help="the SGLang 0.5.23 patch series: list, check, apply, revert, status",
@@ -31,8 +33,6 @@ def add_parser(sub) -> None:
 
 
 def default_root() -> Path:
-    from dsaops.cli import UserError
-
     # find_spec locates the package without running sglang/__init__.py (which imports torch and more).
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:

@@ -12,7 +12,7 @@ from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPolle
 from hc_parts import exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dsaops.cli import UserError
+from dsaops.errors import UserError
 
 
 def metrics(fake_server, log: LogState | None = None, planned=None):

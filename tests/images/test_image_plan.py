@@ -14,7 +14,7 @@ from dsaops.sglang_patches.apply import SGLANG_PIN
 from dsaops.sglang_patches.series import load
 from image_parts import REPO, copy_sources
 
-from dsaops.cli import UserError
+from dsaops.errors import UserError
 from dsaops.image import build_wheel, stage_context
 
 TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
