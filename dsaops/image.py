@@ -1,8 +1,9 @@
 """`dsaops image plan|build --arch T`: the serving image's build, composed from the targets table.
 
 `make image-plan` / `make image` call this. Every target fact (base image, platform, arch
-list, fp8 dtype, whether the base carries SGLang) comes from dsaops/targets.toml; the SGLang
-pin and the patch-series hash come from the patch tool; nothing is copied into a bake file.
+list, fp8 dtype, whether the base carries SGLang) comes from dsaops/targets.toml, the SGLang
+pin from dsaops/pins.toml, the patch-series hash from the patch tool; nothing is copied into a
+bake file.
 The build context is a staged folder (default images/context/, ignored by git) holding the
 two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLang.
 """
@@ -19,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsaops import pins
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
 
@@ -65,13 +67,12 @@ def _host_platform() -> str:
 def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The Dockerfile's build arguments for `target`; `extra` adds or overrides (e.g. a local base)."""
     from dsaops import __version__
-    from dsaops.sglang_patches.apply import SGLANG_PIN
     from dsaops.sglang_patches.series import load
 
     args = {
         "BASE_IMAGE": target.base_image,
         "BASE_CARRIES_SGLANG": "true" if target.base_carries_sglang else "false",
-        "SGLANG_VERSION": SGLANG_PIN,
+        "SGLANG_VERSION": pins.SGLANG,
         "PATCH_SERIES_SHA256": load().sha256,
         "DSAOPS_TARGET": target.name,
         "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
@@ -83,6 +84,13 @@ def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
         "CREATED": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     return args | (extra or {})
+
+
+def image_name(target_name: str, *, registry: str = "", tag: str = "") -> str:
+    """The serving image's name: [REGISTRY/]dsaops/sglang:TAG, TAG by default <sglang pin>-<target>
+    (what `make image` tags and the playbooks run)."""
+    repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
+    return f"{repo_name}:{tag or f'{pins.SGLANG}-{target_name}'}"
 
 
 def detect_builder() -> str:
@@ -97,16 +105,13 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
          context: Path | None = None, stage: str = "runtime", extra_args: dict[str, str] | None = None,
          offline: bool = False) -> Plan:
     """The exact commands `dsaops image build` runs; raises on a bad target or option."""
-    from dsaops.sglang_patches.apply import SGLANG_PIN
-
     target = _target(name)
     if push and not registry:
         raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
                           f"without it the push would go to Docker Hub's {IMAGE_NAME}")
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
-    image = f"{repo_name}:{tag or f'{SGLANG_PIN}-{target.name}'}"
+    image = image_name(target.name, registry=registry, tag=tag)
     context = Path(context or IMAGES / "context")
     args = build_args(target, extra_args)
     builder = detect_builder() if builder == "auto" else builder

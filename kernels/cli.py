@@ -14,6 +14,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from dsaops import pins
 from dsaops.errors import UserError
 
 _SMEM_ARG = re.compile(r"v_int64\) = \(\(int64_t\)(\d+)\);")
@@ -152,7 +153,7 @@ def run_compile(args) -> int:
     try:
         import tilelang  # noqa: F401
     except ImportError:
-        raise UserError("TileLang is not installed: pip install 'dsaops[kernels]' (tilelang==0.1.12)") from None
+        raise UserError(f"TileLang is not installed: pip install 'dsaops[kernels]' ({pins.requirement('tilelang')})") from None
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None

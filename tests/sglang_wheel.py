@@ -13,8 +13,7 @@ import zipfile
 from pathlib import Path
 
 import dsaops.cache
-
-SGLANG_VERSION = "0.5.23"
+from dsaops.pins import SGLANG as SGLANG_VERSION
 
 
 def cache_dir() -> Path:

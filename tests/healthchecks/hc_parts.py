@@ -14,6 +14,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from dsaops import pins
+
 HERE = Path(__file__).parent
 
 # /server_info as 0.5.23 builds it (http_server.py server_info: resolved args, scheduler info,
@@ -26,7 +28,7 @@ SERVER_INFO = {
     "disable_radix_cache": False, "max_mamba_cache_size": None, "page_size": 64,
     "max_total_num_tokens": 4922240, "max_req_input_len": 131066, "startup_time": 1764410000.0,
     "launch_command": "python3 -m sglang.launch_server --model-path zai-org/GLM-5.3-Flash --tp 8 --attn-dp-size 8",
-    "version": "0.5.23", "frontend": "python",
+    "version": pins.SGLANG, "frontend": "python",
     "internal_states": [
         {"world_size": 8, "startup_time": 1764410000.0, "effective_max_running_requests_per_dp": 1,
          "last_gen_throughput": 0.0,

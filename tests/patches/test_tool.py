@@ -8,7 +8,7 @@ from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
 from sglang_wheel import pristine_copy
 
-from dsaops import cli
+from dsaops import cli, pins
 
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 
@@ -65,15 +65,15 @@ def test_apply_is_clean_idempotent_and_reverts_byte_for_byte(tmp_path, series, c
 def test_wrong_version_exits_2_and_changes_nothing(root, where, capsys):
     if where == "metadata":
         meta = next(root.glob("sglang-*.dist-info/METADATA"))
-        meta.write_text(meta.read_text().replace("Version: 0.5.23", "Version: 0.5.24", 1))
+        meta.write_text(meta.read_text().replace(f"Version: {pins.SGLANG}", "Version: 0.5.24", 1))
     else:
         version_py = root / "sglang/_version.py"
-        version_py.write_text(version_py.read_text().replace("'0.5.23'", "'0.5.24'"))
+        version_py.write_text(version_py.read_text().replace(f"'{pins.SGLANG}'", "'0.5.24'"))
     before = tree_hash(root)
     for action in ("check", "apply", "status"):
         assert patches(action, root=root) == 2
         err = capsys.readouterr().err
-        assert "sglang==0.5.23" in err and "0.5.24" in err
+        assert f"sglang=={pins.SGLANG}" in err and "0.5.24" in err
     assert tree_hash(root) == before
 
 
