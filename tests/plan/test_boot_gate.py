@@ -11,8 +11,10 @@ from test_sglang_formulas import patched_check
 
 from dsaops import boot_gate
 from dsaops.cli import main
+from dsaops.image import image_name
 
 TESTS = Path(__file__).resolve().parents[1]
+IMAGE = image_name("sm_90")
 
 
 def script(tmp_path: Path, name: str, body: str) -> str:
@@ -91,9 +93,9 @@ def test_other_endings_fail(tmp_path, body, says):
 
 
 def test_image_launch_command_carries_the_gate_flags():
-    argv = boot_gate.docker_command("dsaops/sglang:0.5.23-sm_90", model_path="/models/glm", name="gate",
+    argv = boot_gate.docker_command(IMAGE, model_path="/models/glm", name="gate",
                                     docker_args=["-v", "/models:/models"], sglang_args=["--tp-size", "8"])
-    image = argv.index("dsaops/sglang:0.5.23-sm_90")
+    image = argv.index(IMAGE)
     assert argv[:4] == ["docker", "run", "--rm", "--name"] and argv[image - 2:image] == ["-v", "/models:/models"]
     assert argv[image + 1:] == ["--model-path", "/models/glm", *boot_gate.GATE_ARGS, "--tp-size", "8"]
 
@@ -106,5 +108,5 @@ def test_a_missing_launcher_is_a_failure_not_a_crash(capsys):
 
 def test_image_without_docker_says_what_to_do(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
-    assert main(["verify", "boot-gate", "--image", "dsaops/sglang:0.5.23-sm_90"]) == 2
+    assert main(["verify", "boot-gate", "--image", IMAGE]) == 2
     assert "--command" in capsys.readouterr().err
