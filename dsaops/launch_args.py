@@ -3,8 +3,8 @@
 `cluster_args` gives the flags every node of a deployment shares, from a `ClusterSpec`;
 `launch_args` adds one node's own flags (`NodeSpec`) and the user's extra arguments. The
 planner reports `cluster_args` as `sglang_args`, the playbooks render `launch_args` into each
-node's server command (playbooks/filter_plugins/dsaops_library.py), and the boot gate takes
-its refused pairing from `kv_cache_args`. Spelling follows SGLang 0.5.23 (`--attn-dp-size`,
+node's server command (the dsaops_sglang_args filter in playbooks/roles/dsaops/filter_plugins/),
+and the boot gate takes its refused pairing from `kv_cache_args`. Spelling follows SGLang 0.5.23 (`--attn-dp-size`,
 not the deprecated `--enable-dp-attention`). Stdlib only.
 """
 from __future__ import annotations

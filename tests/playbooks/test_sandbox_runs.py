@@ -12,6 +12,8 @@ import sys
 import pytest
 from ansible_sandbox import BIN, free_port_probe, recap, snapshot
 
+from dsaops.image import image_name
+
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -53,7 +55,7 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     head_address = sandbox.hosts["node1"]["address"]
     for expected in ("--node-rank 1", "--nnodes 2", f"--dist-init-addr {head_address}:25000", "--tp-size 2",
                      f"SGLANG_HOST_IP={sandbox.hosts['node2']['address']}", "NCCL_SOCKET_IFNAME=clu0",
-                     "NCCL_CUMEM_ENABLE=0", "dsaops/sglang:0.5.23-sm_121"):
+                     "NCCL_CUMEM_ENABLE=0", image_name("sm_121")):
         assert expected in worker, expected
     assert subprocess.run(["sh", "-n", str(roots["node2"] / "usr/local/bin/dsaops-sglang")], check=False).returncode == 0
     plan = json.loads((roots["node2"] / "etc/dsaops/plan.json").read_text())
