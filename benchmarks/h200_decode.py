@@ -148,10 +148,10 @@ def _warm_sglang(job):
 
 
 def _warm_dsaops(job):
-    """Compile one (tile or merge, d_tail) of dsaops' sm_90 kernels in a worker, through the CLI's build."""
-    from dsaops.kernels import cli
+    """Compile one (tile or merge, d_tail) of dsaops' sm_90 kernels in a worker (kernels/build.py)."""
+    from dsaops.kernels.build import build
 
-    return cli.build("sm_90", jobs=[job], workers=1)
+    return build("sm_90", jobs=[job], workers=1)
 
 
 def parse_tile(spec):
