@@ -108,7 +108,7 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
     target = _target(name)
     if push and not registry:
         raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
-                          f"without it the push would go to Docker Hub's {IMAGE_NAME}")
+                        f"without it the push would go to Docker Hub's {IMAGE_NAME}")
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     image = image_name(target.name, registry=registry, tag=tag)
@@ -176,7 +176,7 @@ def check_engine() -> None:
     """Raise UserError unless a docker CLI is installed and its engine answers."""
     if not shutil.which("docker"):
         raise UserError("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
-                          "and its buildx plugin, then run `make image` again")
+                        "and its buildx plugin, then run `make image` again")
     try:
         out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False,
                              capture_output=True, text=True, timeout=60)
@@ -186,7 +186,7 @@ def check_engine() -> None:
         where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         said = (out.stderr.strip().splitlines() or [""])[-1] if out else "no answer within 60 s"
         raise UserError(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
-                          "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
+                        "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
 
 
 def _pip(*args: str, env: dict | None = None) -> None:
@@ -244,7 +244,7 @@ def stage_context(context: Path, sglang_wheel: Path | None) -> None:
     foreign = sorted(e.name for e in context.iterdir() if e.name not in CONTEXT_ENTRIES) if context.is_dir() else []
     if foreign or (context.exists() and not context.is_dir()):
         raise UserError(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
-                          "give an empty or new folder, or one an earlier `dsaops image build` staged")
+                        "give an empty or new folder, or one an earlier `dsaops image build` staged")
     for name in CONTEXT_ENTRIES:
         entry = context / name
         if entry.is_dir() and not entry.is_symlink():
@@ -297,15 +297,21 @@ def run(args) -> int:
     if args.action == "plan":
         print(render(p))
         return 0
+    return build(p, sglang_wheel=args.sglang_wheel)
+
+
+def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
+    """Stage the context (the SGLang wheel: `sglang_wheel`, else the pinned one from the index) and
+    run the plan's commands: 0 when the image was built, else the failing command's exit code."""
     check_engine()
     if importlib.util.find_spec("pip") is None:
         raise UserError(f"{sys.executable} has no pip, which builds the project's wheel: install it "
-                          "(sudo apt-get install python3-pip) or run `make venv` first")
+                        "(sudo apt-get install python3-pip) or run `make venv` first")
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
     wheel = None
     if not p.target.base_carries_sglang:
-        wheel = args.sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
+        wheel = sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
         if not wheel.is_file():
             raise UserError(f"--sglang-wheel {wheel}: no such file")
     stage_context(p.context, wheel)
