@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from need import need
+
+from tests.support.prerequisites import need
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """A stand-in for SGLang's launcher: spawns real processes titled like its schedulers.
 
-Usage: fake_launcher.py TITLE...  Prints the children's pids (one JSON list) and reaps
+Usage: launcher.py TITLE...  Prints the children's pids (one JSON list) and reaps
 children as they die, like multiprocessing's join. SIGTERM stops every child cleanly and
 exits 0 (a whole-server stop).
 """

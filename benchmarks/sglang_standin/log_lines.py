@@ -1,5 +1,6 @@
 """SGLang 0.5.23 log lines, rendered as the wheel's own format strings render them
-(logparse.FORMAT_STRINGS lists the pieces; test_contract finds them in the wheel)."""
+(dsaops.healthchecks.logparse.FORMAT_STRINGS lists the pieces; tests/healthchecks/test_contract.py
+finds them in the wheel)."""
 from __future__ import annotations
 
 import time

@@ -1,5 +1,5 @@
-"""Parts the healthchecks tests (and benchmarks/exporter.py) share: a /server_info server in
-SGLang 0.5.23's shape, a launcher of processes titled like SGLang's schedulers, small helpers."""
+"""SGLang 0.5.23's server stood in: /server_info and /health in its shape, and a launcher of
+processes titled like its schedulers."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -86,7 +85,7 @@ class FakeServer:
 
 class Launcher:
     def __init__(self, titles):
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "fake_launcher.py"), *titles],
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "launcher.py"), *titles],
                                      stdout=subprocess.PIPE, text=True)
         self.pids = json.loads(self.proc.stdout.readline())
 
@@ -103,20 +102,3 @@ class Launcher:
             except ProcessLookupError:
                 pass
         self.proc.wait(timeout=10)
-
-
-
-
-def exposition(text: str) -> dict[str, float]:
-    """Prometheus text as {'name{labels}': value}, labels in the exposition's order."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-def scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return exposition(r.read().decode())

@@ -4,7 +4,8 @@ import importlib.util
 from pathlib import Path
 
 from dsaops.kernels import kv_gather, kv_write
-from interp_fp8 import interpreted
+
+from tests.support.triton_interpreter import interpreted
 
 _path = Path(__file__).parents[2] / "benchmarks" / "bench_kv_copy.py"
 _spec = importlib.util.spec_from_file_location("bench_kv_copy", _path)

@@ -1,9 +1,9 @@
 """A copy of the pinned wheel with the dsaops patch series applied (`dsaops patches apply`),
 made once per session: the planner and the boot gate describe the patched image."""
 import pytest
-from sglang_wheel import pristine_copy
 
 from dsaops.cli import main
+from tests.support.sglang_wheel import pristine_copy
 
 
 @pytest.fixture(scope="session")

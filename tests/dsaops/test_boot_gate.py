@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sglang_formulas import patched_check
 
 from dsaops import boot_gate
 from dsaops.cli import main
 from dsaops.image import image_name
+from tests.dsaops.test_sglang_formulas import patched_check
 
-TESTS = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMAGE = image_name("sm_90")
 
 
@@ -36,9 +36,9 @@ def test_sglangs_own_validation_refuses_and_passes(tmp_path, capsys):
     SGLang's exception, traceback and exit code, not a copy of its text."""
     launch = script(tmp_path, "launch", f"""
         import sys
-        sys.path[:0] = [{str(TESTS)!r}]
+        sys.path[:0] = [{str(REPO)!r}]
         import torch
-        from sglang_lift import define
+        from tests.support.sglang_definitions import define
         flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
         print("[2026-11-29 14:00:00] server_args=...", flush=True)
         torch.cuda.get_device_capability = lambda *a: (9, 0)

@@ -8,9 +8,9 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
-from sglang_lift import define, fake_modules, value
 
 from dsaops import concurrency, kv_budget, kv_layout, model_geometry
+from tests.support.sglang_definitions import define, fake_modules, value
 
 KVC = "srt/mem_cache/kv_cache_configurator.py"
 POOL = "srt/model_executor/pool_configurator.py"

@@ -12,9 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from hc_parts import FakeServer, Launcher
-from helpers import free_port, wait_for
-from need import need
+
+from benchmarks.sglang_standin.server import FakeServer, Launcher
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.prerequisites import need
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sglang_wheel import sglang_source
+
+from tests.support.sglang_wheel import sglang_source
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "healthchecks" / "dashboards"
 README = DASHBOARDS.parent / "README.md"

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 
-import sglang_lines as L
 from dsaops.healthchecks.logfollow import CHUNK, MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
-from helpers import wait_for
+
+from benchmarks.sglang_standin import log_lines as L
+from tests.support.polling import wait_for
 
 
 def follower(path):

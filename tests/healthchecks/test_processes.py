@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import sglang_lines as L
 from dsaops.healthchecks.logfollow import LogFollower
 from dsaops.healthchecks.logparse import CAUSES, LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.oom import KernelOomRecords
 from dsaops.healthchecks.processes import ProcessWatcher
-from helpers import wait_for
+
+from benchmarks.sglang_standin import log_lines as L
+from tests.support.polling import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 

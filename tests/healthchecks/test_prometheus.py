@@ -6,10 +6,11 @@ import os
 import signal
 
 import pytest
-import sglang_lines as L
 from dsaops.healthchecks.exporter import Config
-from hc_parts import scrape
-from helpers import wait_for
+
+from benchmarks.sglang_standin import log_lines as L
+from tests.healthchecks.prometheus_text import scrape
+from tests.support.polling import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import sglang_lines as L
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, layout_of, read_plan
-from hc_parts import exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
+from benchmarks.sglang_standin import log_lines as L
 from dsaops.errors import UserError
+from tests.healthchecks.prometheus_text import exposition
 
 
 def metrics(fake_server, log: LogState | None = None, planned=None):

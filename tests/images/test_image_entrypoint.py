@@ -11,8 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from helpers import free_port, wait_for
-from image_parts import REPO
+
+from tests.images.docker_build import REPO
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 HERE = Path(__file__).parent

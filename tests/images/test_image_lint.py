@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from image_parts import REPO
 
 from dsaops.cli import build_parser
+from tests.images.docker_build import REPO
 
 DOCKERFILE = REPO / "images" / "Dockerfile"
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"

@@ -11,11 +11,11 @@ import zipfile
 
 import pytest
 from dsaops.sglang_patches.series import load
-from image_parts import REPO, copy_sources
 
 from dsaops.errors import UserError
 from dsaops.image import build_wheel, stage_context
 from dsaops.pins import SGLANG as SGLANG_PIN
+from tests.images.docker_build import REPO, copy_sources
 
 TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
 

@@ -10,11 +10,11 @@ import types
 import pytest
 from dsaops.kernels import cli, tiles
 from dsaops.kernels.build import PDL_WAIT, build
-from need import need
 
 from dsaops import targets
 from dsaops.cache import cache_dir
 from dsaops.cli import main as dsaops_main
+from tests.support.prerequisites import need
 
 CACHE = str(cache_dir("tilelang"))
 # a 16-head tile of 64 rows with a 2-deep ring (sm_90's choice for the row-scaled layout): ~150 KB,

@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from ansible_sandbox import BIN, free_port_probe, recap, snapshot
 
 from dsaops.image import image_name
+from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import yaml
-from ansible_sandbox import BIN, PLAYBOOKS, REPO
 
 from dsaops import pins
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
@@ -180,7 +180,7 @@ def _sglang_flags(arg_groups) -> dict[str, list | None]:
 
 def test_generated_flags_exist_in_pinned_sglang(printed):
     """Every flag the playbooks render, and every flag the builder can write (all settings on)."""
-    from sglang_wheel import sglang_source
+    from tests.support.sglang_wheel import sglang_source
 
     flags = _sglang_flags(sglang_source() / "sglang/srt/arg_groups")
     assert "--dsa-prefill-backend" in flags and "--bogus-flag" not in flags       # the parser itself works

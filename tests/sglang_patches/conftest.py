@@ -9,7 +9,8 @@ import shutil
 import pytest
 from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
-from sglang_wheel import sglang_source
+
+from tests.support.sglang_wheel import sglang_source
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Patches 0001 and 0004's gather: which writer a KV write takes, and what reaches the kernel launch.
 
-The functions run as compiled from the patched wheel (sglang_lift); Triton kernels are
+The functions run as compiled from the patched wheel (sglang_definitions); Triton kernels are
 replaced by recorders (a launch cannot run without a GPU), so these tests pin the glue
 the patches change: the choice of writer by layout, the missing-RoPE handling and the
 dtype the NoPE prefix gather accepts. Pristine controls show the patch makes the difference.
@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang_lift import lift
+
+from tests.support.sglang_definitions import lift
 
 MEMORY_POOL = "sglang/srt/mem_cache/memory_pool.py"
 MLA_BUFFER = "sglang/kernels/ops/kvcache/mla_buffer.py"

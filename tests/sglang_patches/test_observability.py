@@ -1,6 +1,6 @@
 """Patch 0005: the mamba concurrency caps in /server_info internal_states and as sglang:* gauges.
 
-Run out of the patched wheel (sglang_lift) with real prometheus_client gauges; the recorded
+Run out of the patched wheel (sglang_definitions) with real prometheus_client gauges; the recorded
 caps are checked against dsaops.concurrency, the one function the planner and exporter use.
 """
 import ast
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from sglang_lift import lift, statements
-from sglang_wheel import sglang_source
 
 from dsaops import concurrency
+from tests.support.sglang_definitions import lift, statements
+from tests.support.sglang_wheel import sglang_source
 
 KV_CONFIGURATOR = "sglang/srt/mem_cache/kv_cache_configurator.py"
 ALLOCATION_SIZING = "sglang/srt/mem_cache/allocation_sizing.py"

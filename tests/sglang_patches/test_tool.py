@@ -6,9 +6,9 @@ import shutil
 import pytest
 from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
-from sglang_wheel import pristine_copy
 
 from dsaops import cli, pins
+from tests.support.sglang_wheel import pristine_copy
 
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 

@@ -1,6 +1,6 @@
 """The patched validation logic (patches 0002-0004), run out of the patched files of the real wheel.
 
-Each function runs as compiled from the patched file (sglang_lift); the names it uses are
+Each function runs as compiled from the patched file (sglang_definitions); the names it uses are
 supplied here, torch is the real CPU torch with only the device capability set. Where it
 matters, the same call on the pristine function is a control showing the patch is what
 changes the outcome.
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from sglang_lift import lift
+
+from tests.support.sglang_definitions import lift
 
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 MODEL_CONFIG = "sglang/srt/configs/model_config.py"

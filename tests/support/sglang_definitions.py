@@ -16,7 +16,7 @@ import types
 from functools import lru_cache
 from pathlib import Path
 
-from sglang_wheel import sglang_source
+from tests.support.sglang_wheel import sglang_source
 
 
 def source_file(rel: str, root: Path | None = None) -> Path:
