@@ -1,6 +1,6 @@
 """Exporter benchmark (not a test): scrape latency with 8 ranks and a 1 GB log, and steady CPU.
 
-    .venv/bin/python benchmarks/exporter.py [--log-gb 1] [--scrapes 50] [--cpu-seconds 60]
+    .venv/bin/python benchmarks/bench_exporter.py [--log-gb 1] [--scrapes 50] [--cpu-seconds 60]
 
 1. Writes a log of --log-gb GiB (SGLang 0.5.23 lines: the startup KV lines, then decode-batch
    and access lines), starts 8 processes titled `sglang::scheduler_TP0..7` under a launcher and
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -26,13 +27,14 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "healthchecks")]
+sys.path.insert(0, str(ROOT))  # the repository, for `import dsaops` and `benchmarks.sglang_standin`
 
 import psutil
-import sglang_lines as L
 from dsaops.healthchecks.exporter import Config, Exporter
 from dsaops.healthchecks.http import serve
-from hc_parts import FakeServer, Launcher, free_port
+
+from benchmarks.sglang_standin import log_lines as L
+from benchmarks.sglang_standin.server import FakeServer, Launcher
 
 RANKS = [f"sglang::scheduler_TP{i}" for i in range(8)]
 
@@ -47,6 +49,13 @@ def write_log(path: Path, gib: float) -> None:
     with open(path, "wb") as f:
         f.write(head.encode())
         f.writelines(block for _ in range(int(gib * (1 << 30)) // len(block) + 1))
+
+
+def free_port() -> int:
+    """A free loopback port for the exporter process (`--listen HOST:0` would not say which it got)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def get(url: str) -> bytes:

@@ -6,5 +6,5 @@ rules-test: ## promtool check and unit-test the alert rules (needs Debian's prom
 	promtool test rules healthchecks/rules/tests/*.yml
 
 bench-exporter: $(STAMP) ## exporter scrape latency (8 ranks, 1 GiB log) and steady CPU, for BENCHMARKS.md
-	$(PY) benchmarks/exporter.py
+	$(PY) benchmarks/bench_exporter.py
 
