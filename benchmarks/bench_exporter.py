@@ -14,6 +14,7 @@ Targets: one scrape <= 50 ms; steady CPU < 1% of a core.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
@@ -63,7 +64,7 @@ def get(url: str) -> bytes:
         return r.read()
 
 
-def scrape_latency(log: Path, server_url: str, scrapes: int) -> None:
+def scrape_latency(log: Path, server_url: str, scrapes: int) -> dict:
     exp = Exporter(Config(server_url=server_url, node="bench", log_file=str(log), interval=5.0)).start()
     httpd = serve(exp, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -84,11 +85,16 @@ def scrape_latency(log: Path, server_url: str, scrapes: int) -> None:
     times.sort()
     print(f"first catch-up of the {log.stat().st_size / (1 << 30):.2f} GiB log: {catch_up:.1f} s (background)")
     print(f"load average during the scrapes: {os.getloadavg()[0]:.1f}")
-    print(f"scrape over HTTP, {scrapes} scrapes, {len(body)} B: median {statistics.median(times):.1f} ms, "
-          f"p95 {times[int(0.95 * (len(times) - 1))]:.1f} ms, max {times[-1]:.1f} ms")
+    result = {"log_gib": round(log.stat().st_size / (1 << 30), 2), "catch_up_s": round(catch_up, 1),
+              "scrapes": scrapes, "scrape_bytes": len(body), "load_average": round(os.getloadavg()[0], 1),
+              "scrape_ms_median": round(statistics.median(times), 1),
+              "scrape_ms_p95": round(times[int(0.95 * (len(times) - 1))], 1), "scrape_ms_max": round(times[-1], 1)}
+    print(f"scrape over HTTP, {scrapes} scrapes, {len(body)} B: median {result['scrape_ms_median']} ms, "
+          f"p95 {result['scrape_ms_p95']} ms, max {result['scrape_ms_max']} ms")
+    return result
 
 
-def steady_cpu(log: Path, server_url: str, seconds: float) -> None:
+def steady_cpu(log: Path, server_url: str, seconds: float) -> dict:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", server_url, "--log-file",
                              str(log), "--listen", f"127.0.0.1:{port}", "--node", "bench", "--interval", "5"],
@@ -117,6 +123,7 @@ def steady_cpu(log: Path, server_url: str, seconds: float) -> None:
         proc.wait(timeout=10)
     print(f"steady CPU over {wall:.0f} s (scrape every 5 s, a log line a second, 8 ranks polled every 1 s): "
           f"{100 * used / wall:.2f}% of one core")
+    return {"cpu_seconds": round(wall), "cpu_pct_of_core": round(100 * used / wall, 2)}
 
 
 def main() -> None:
@@ -124,7 +131,12 @@ def main() -> None:
     ap.add_argument("--log-gb", type=float, default=1.0)
     ap.add_argument("--scrapes", type=int, default=50)
     ap.add_argument("--cpu-seconds", type=float, default=60)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "exporter-cpu.json"),
+                    help="result JSON, which benchmarks/report.py turns into BENCHMARKS.md")
     args = ap.parse_args()
+    from run_info import run_info
+
+    result = {**run_info("make bench-exporter"), "processes": len(psutil.pids()), "ranks": len(RANKS)}
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{len(psutil.pids())} processes")
     with tempfile.TemporaryDirectory(prefix="dsaops-bench-") as tmp:
@@ -134,11 +146,15 @@ def main() -> None:
         print(f"wrote {log.stat().st_size / (1 << 30):.2f} GiB of log in {time.monotonic() - t:.1f} s")
         server, launcher = FakeServer(), Launcher(RANKS)
         try:
-            scrape_latency(log, server.url, args.scrapes)
-            steady_cpu(log, server.url, args.cpu_seconds)
+            result |= scrape_latency(log, server.url, args.scrapes)
+            result |= steady_cpu(log, server.url, args.cpu_seconds)
         finally:
             launcher.kill_all()
             server.close()
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
