@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
         has_gpu = False
     if has_gpu:
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU here: run `make test-gpu` on the H200 machine")
+    skip = pytest.mark.skip(reason="no CUDA GPU here: run `make test-gpu` on an H100/H200 host (CONTRIBUTING.md)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

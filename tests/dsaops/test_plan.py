@@ -1,4 +1,4 @@
-"""`dsaops plan` reproduces the figures reported upstream (seeds/, ANCHORS.md) and says what binds."""
+"""`dsaops plan` reproduces the figures reported upstream and says what binds."""
 import json
 import subprocess
 import sys
@@ -37,7 +37,7 @@ def test_bytes_per_token(layout, total):
 
 
 def test_h20_pool_from_the_logged_kv_size():
-    """32.48 GB of bf16 KV holds 2,742,144 tokens, 32.47 GB of raw fp8 4,922,240 (8xH20, seeds/000)."""
+    """32.48 GB of bf16 KV holds 2,742,144 tokens, 32.47 GB of raw fp8 4,922,240 (8xH20, as reported upstream)."""
     bf16 = kv_budget.kv_pool_tokens(32.48 * GIB, cell_bytes=12_716, page_tokens=GLM.page_tokens)
     fp8 = kv_budget.kv_pool_tokens(32.47 * GIB, cell_bytes=7_084, page_tokens=GLM.page_tokens)
     assert within(bf16, 2_742_144) and within(fp8, 4_922_240)
@@ -76,7 +76,7 @@ def test_dp_split_eight_by_eight_is_one(capsys):
 
 
 def test_mamba_cap_binds_and_names_the_flags(capsys):
-    """Issue 36889: --max-mamba-cache-size 40 over 5 slots a request caps at 8; bf16 ssm halves the slot."""
+    """sgl-project/sglang#36889: --max-mamba-cache-size 40 over 5 slots a request caps at 8; bf16 ssm halves the slot."""
     base = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", "--kv-cache-dtype",
             "fp8_e4m3", *TILELANG, "--mem-fraction-static", "0.94", "--gpu-memory-gib", "119",
             "--free-memory-gib", "30", "--max-running-requests", "12"]
@@ -187,7 +187,8 @@ def test_console_script_prints_the_table():
 
 
 def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
-    """seeds/000: on 2x GB10 the mamba state cache held speculative configs at 2 streams (issue 36889)."""
+    """Reported upstream: on 2x GB10 the mamba state cache held speculative configs at 2 streams
+    (sgl-project/sglang#36889)."""
     sparks = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", "--kv-cache-dtype",
               "fp8_e4m3", *TILELANG, "--mem-fraction-static", "0.94", "--gpu-memory-gib", "119",
               "--free-memory-gib", "9", "--context-length", "57344", "--mamba-ssm-dtype", "bfloat16"]

@@ -94,7 +94,7 @@ def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
 @pytest.mark.parametrize("hip", [False, True])
 def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
     check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))   # an H20, as in the seeds
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))   # an H20, as upstream reported
     backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "trtllm", "triton", "aiter")
     refused = 0
     for kv, (prefill, decode) in itertools.product(("bfloat16", "fp8_e4m3"), itertools.product(backends, repeat=2)):
