@@ -5,6 +5,7 @@ rules-test: ## promtool check and unit-test the alert rules (needs Debian's prom
 	promtool check rules healthchecks/rules/*.yml
 	promtool test rules healthchecks/rules/tests/*.yml
 
-bench-exporter: $(STAMP) ## exporter scrape latency (8 ranks, 1 GiB log) and steady CPU, for BENCHMARKS.md
+bench-exporter: $(STAMP) ## exporter scrape latency (8 ranks, 1 GiB log) and steady CPU: benchmarks/exporter-cpu.json
 	$(PY) benchmarks/bench_exporter.py
+	$(PYTHON) benchmarks/report.py
 

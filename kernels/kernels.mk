@@ -22,8 +22,9 @@ gpu-site:
 test-gpu: gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.md)
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -m gpu tests/kernels -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: gpu-site ## decode + KV copy benchmarks on an H200: writes benchmarks/h200-decode.json
+bench: gpu-site ## decode + KV copy benchmarks on an H200: benchmarks/h200-decode.json, then BENCHMARKS.md
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/h200_decode.py --sglang-root $(SGLANG_ROOT) $(BENCH_ARGS)
+	$(GPU_PYTHON) benchmarks/report.py
 
 compile-check: $(STAMP) ## compile every decode kernel for sm_90 and sm_121 (no GPU) and check shared memory
 	$(VENV)/bin/dsaops kernels compile --target sm_90

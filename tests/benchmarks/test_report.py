@@ -1,0 +1,118 @@
+"""BENCHMARKS.md is what benchmarks/report.py makes of benchmarks/*.json, and it follows the JSON."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = ROOT / "benchmarks" / "report.py"
+COMMITTED = ROOT / "BENCHMARKS.md"
+
+
+def render(bench_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPORT), "--bench-dir", str(bench_dir), "--out", str(out), *extra],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def bench(tmp_path) -> Path:
+    """A copy of the committed results, to change."""
+    copy = tmp_path / "benchmarks"
+    copy.mkdir()
+    for path in (ROOT / "benchmarks").iterdir():
+        if path.suffix in (".json", ".png"):
+            shutil.copy(path, copy)
+    return copy
+
+
+def edit(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=1))
+
+
+def case(data: dict, H: int, S: int) -> dict:
+    return next(c for c in data["cases"] if (c["H"], c["S"]) == (H, S))
+
+
+def test_the_committed_page_is_what_the_json_gives(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    done = render(ROOT / "benchmarks", out)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text() == COMMITTED.read_text(), "BENCHMARKS.md is stale: run `make benchmarks-md`"
+    assert render(ROOT / "benchmarks", COMMITTED, "--check").returncode == 0
+
+
+def test_a_changed_number_changes_the_page_and_its_verdict(bench, tmp_path):
+    def slower(data):
+        case(data, 64, 256)["dsaops_fp8_us"] = 160.5      # over the 155 µs target
+    edit(bench / "h200-decode.json", slower)
+    edit(bench / "exporter-cpu.json", lambda d: d.update(scrape_ms_p95=61.0))
+    out = tmp_path / "BENCHMARKS.md"
+    assert render(bench, out).returncode == 0
+    text = out.read_text()
+    assert text != COMMITTED.read_text()
+    assert "| 64 | 256 | 160.5 |" in text
+    assert "| decode time, H=64 S=256 | ≤ 155 µs | 160.5 µs (H=64 S=256) | **missed** |" in text
+    assert "| one scrape over HTTP (p95) | ≤ 50 ms | 61 ms (50 scrapes) | **missed** |" in text
+    # the committed page says met for both, and --check catches the difference
+    assert "| decode time, H=64 S=256 | ≤ 155 µs | 135.31 µs (H=64 S=256) | met |" in COMMITTED.read_text()
+    assert render(bench, COMMITTED, "--check").returncode == 1
+
+
+def test_sections_the_decode_json_may_carry(bench, tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    assert render(bench, out).returncode == 0
+    before = out.read_text()
+    for absent in ("### Short contexts", "### Batch sweep", "FlashMLA µs", "| error vs bf16 |", "h200-decode-sweep.png"):
+        assert absent not in before
+    assert "| speed-up over FlashMLA, H ≤ 64 | ≥ 1.3× | – | not measured in this run |" in before
+
+    def with_peers(data):
+        for c in data["cases"]:
+            c |= {"flashmla_us": round(2 * c["dsaops_fp8_us"], 2), "same_input_us": round(c["dsaops_fp8_us"] - 1, 2),
+                  "err_vs_bf16": 0.0081, "raw_kv_floor": 0.008, "flashmla_err_vs_bf16": 0.0068}
+        case(data, 64, 1)["flashmla_us"] = 11.0              # 1.16x: under the 1.3x target
+        data["accuracy"] = [{"data": "outliers", "H": 64, "S": 16, "err_vs_bf16": 0.0081, "raw_kv_floor": 0.008,
+                             "flashmla_err_vs_bf16": 0.0068, "q_rounded_err": 0.0273},
+                            {"data": "peaked", "H": 64, "S": 16, "err_vs_bf16": 0.0125, "raw_kv_floor": 0.01,
+                             "flashmla_err_vs_bf16": 0.009, "q_rounded_err": 0.034}]
+        data["short_context"] = [{"H": 64, "S": 64, "valid": 300, "dsaops_us": 12.1, "full_us": 38.9}]
+        data["sweep"] = [{"H": 64, "S": 100, "dsaops_us": 52.3, "roofline_pct": 47.2},
+                         {"H": 64, "S": 160, "dsaops_us": 93.0, "roofline_pct": 39.4}]
+    edit(bench / "h200-decode.json", with_peers)
+    (bench / "h200-decode-sweep.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    assert render(bench, out).returncode == 0
+    text = out.read_text()
+    assert "| H | S | dsaops µs | same-input µs | FlashMLA µs | SGLang fp8 µs |" in text
+    assert "| 64 | 1 | 9.52 | 8.52 | 11.0 |" in text
+    assert "| speed-up over FlashMLA, H ≤ 64 | ≥ 1.3× | worst 1.16× (H=64 S=1); 12 cases 1.16–2× | **missed** |" in text
+    assert "| error against bf16 KV and q, over the raw-KV floor | ≤ 1.1× | worst 1.25× (peaked, H=64 S=16);" in text
+    assert "| outliers | 64 | 16 | 0.81% | 0.80% | 1.01× | 0.68% | 2.73% |" in text
+    assert "| 300 valid rows of 2,048: share of the full time | ≤ 40% | 31.1% (H=64 S=64) | met |" in text
+    assert "| share of roofline, S sweep, S ≥ 64 | ≥ 40% | worst 39.4% (H=64 S=160);" in text
+    assert "![µs and % of roofline against S](benchmarks/h200-decode-sweep.png)" in text
+    assert "| 64 | 160 | 93.0 | 39% |" in text
+    assert "same-input column replays one input" in text
+
+
+@pytest.mark.parametrize("name, change, says", [
+    ("h200-decode.json", lambda d: d.pop("commit"), "no commit"),
+    ("exporter-cpu.json", lambda d: d.update(date=""), "no date"),
+    ("h200-decode.json", lambda d: d["cases"][0].pop("roofline_us"), "lacks or mangles a field"),
+])
+def test_a_result_the_page_cannot_use_is_refused_in_one_line(bench, tmp_path, name, change, says):
+    edit(bench / name, change)
+    done = render(bench, tmp_path / "BENCHMARKS.md")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "BENCHMARKS.md").exists()
+
+
+def test_a_json_no_section_renders_is_refused(bench, tmp_path):
+    (bench / "h100-decode.json").write_text("{}")
+    done = render(bench, tmp_path / "BENCHMARKS.md")
+    assert done.returncode == 2 and "h100-decode.json: no section renders this file" in done.stderr
