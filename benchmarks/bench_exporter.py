@@ -34,6 +34,7 @@ import psutil
 from dsaops.healthchecks.exporter import Config, Exporter
 from dsaops.healthchecks.http import serve
 
+from benchmarks.run_info import run_info
 from benchmarks.sglang_standin import log_lines as L
 from benchmarks.sglang_standin.server import FakeServer, Launcher
 
@@ -134,7 +135,6 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "exporter-cpu.json"),
                     help="result JSON, which benchmarks/report.py turns into BENCHMARKS.md")
     args = ap.parse_args()
-    from run_info import run_info
 
     result = {**run_info("make bench-exporter"), "processes": len(psutil.pids()), "ranks": len(RANKS)}
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "

@@ -19,6 +19,8 @@ import platform
 import sys
 from pathlib import Path
 
+from benchmarks.run_info import run_info
+
 D, TOPK, SLOTS, S, H = 512, 2048, 8192, 8, 16
 OUTLIER_CHANNELS = 8
 CASES = [(1.0, 1.0), (1.0, 30.0), (0.05, 1.0), (0.05, 30.0), (0.01, 1.0), (0.01, 30.0)]  # (sigma, outlier x)
@@ -66,7 +68,6 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", action="store_true", help="the GPU kernels instead of the references")
     p.add_argument("--out", help="result JSON (default benchmarks/fp8-row-scale-cpu.json, --kernels: -gpu.json)")
     args = p.parse_args(argv)
-    from run_info import run_info  # beside this script; the tests load the module without it on sys.path
 
     command = f"PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py --seeds {args.seeds}"
     if args.kernels:

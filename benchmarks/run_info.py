@@ -1,6 +1,6 @@
 """What every benchmark JSON says about its run: the date, the commit, the machine and the command.
 
-    from run_info import run_info          # the benchmark scripts run with benchmarks/ on sys.path
+    from benchmarks.run_info import run_info   # scripts run with the repository on sys.path (PYTHONPATH=.)
     result = {**run_info("make bench-exporter"), ...}
 
 benchmarks/report.py refuses a JSON without these fields: a number without its commit and machine

@@ -31,30 +31,11 @@ case "$platform" in
 esac
 [[ "$python_version" =~ ^3\.[0-9]+$ ]] || { echo "offline-bundle.sh: --python takes X.Y, e.g. 3.12" >&2; exit 2; }
 
-# The pinned versions: dsaops/pins.toml where it exists, else the versions the project was tested with.
-# TODO(pins): drop the fallback once dsaops/pins.toml is on main.
-pin() {
-  python3 - "$1" "$2" <<'EOF'
-import sys, tomllib
-from pathlib import Path
-
-key, fallback = sys.argv[1], sys.argv[2]
-path = Path("dsaops/pins.toml")
-found = []
-def walk(table):
-    for k, v in table.items():
-        if isinstance(v, dict):
-            walk(v)
-        elif k == key and isinstance(v, str):
-            found.append(v)
-if path.exists():
-    walk(tomllib.loads(path.read_text()))
-print(found[0] if found else fallback)
-EOF
-}
-sglang=$(pin sglang 0.5.23)
-tilelang=$(pin tilelang 0.1.12)
-flashmla=$(pin sgl-flash-mla 1.0.0)
+# The pinned versions: dsaops/pins.toml, the one place they are written.
+pin() { PYTHONPATH=. python3 -m dsaops.pins "$1"; }
+sglang=$(pin sglang)
+tilelang=$(pin tilelang)
+flashmla=$(pin sgl-flash-mla)
 
 # What TileLang imports beyond torch, triton and numpy, at versions that load beside numpy 1.26 or 2.
 needs=(apache-tvm-ffi==0.1.11 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
