@@ -264,8 +264,8 @@ def row_scale_section(runs: list[tuple[str, dict]]) -> list[str]:
 
 def exporter_section(r: dict) -> list[str]:
     return ["## Exporter (CPU)", "", *run_table([("", r)], [EXPORTER]), "",
-            (f"{r['ranks']} processes titled `sglang::scheduler_TP0..{r['ranks'] - 1}`, a `/server_info` in SGLang "
-            f"0.5.23's shape and a {r['log_gib']} GiB SGLang log; `dsaops exporter` scraped over HTTP {r['scrapes']} "
+            (f"{r['ranks']} processes titled `sglang::scheduler_TP0..{r['ranks'] - 1}`, a `/server_info` in the "
+            f"pinned SGLang's shape and a {r['log_gib']} GiB SGLang log; `dsaops exporter` scraped over HTTP {r['scrapes']} "
             f"times after the log's first catch-up, then run as its own process for {r['cpu_seconds']} s, scraped "
             "every 5 s while a line a second is appended. The scrape tail follows the machine's load."), "",
             *targets_table(EXPORTER_TARGETS, r), "",
