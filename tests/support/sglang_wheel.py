@@ -1,4 +1,4 @@
-"""The pinned SGLang wheel, downloaded once per machine and unpacked once per machine.
+"""The pinned SGLang wheel (and other pinned wheels), downloaded once per machine, SGLang's unpacked once.
 
 Cached under $DSAOPS_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/dsaops): a fresh machine
 fills it, a later run reuses it. The unpacked tree is read-only by convention: a test that
@@ -30,16 +30,22 @@ def _locked(name: str):
         yield
 
 
-def sglang_wheel() -> Path:
-    """Path of sglang-0.5.23-*.whl (pip download --no-deps on first use)."""
+def wheel(name: str, version: str) -> Path:
+    """Path of a cached name-version-*.whl for this machine (pip download --no-deps on first use)."""
     wheels = cache_dir() / "wheels"
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     with _locked("wheel"):
-        found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+        found = sorted(wheels.glob(pattern))
         if not found:
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"sglang=={SGLANG_VERSION}",
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}",
                             "-d", str(wheels)], check=True)
-            found = sorted(wheels.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+            found = sorted(wheels.glob(pattern))
     return found[0]
+
+
+def sglang_wheel() -> Path:
+    """Path of sglang-0.5.23-*.whl."""
+    return wheel("sglang", SGLANG_VERSION)
 
 
 def sglang_source() -> Path:
