@@ -22,7 +22,7 @@ gpu-site:
 test-gpu: gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.md)
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -m gpu tests/kernels -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: gpu-site ## decode + KV copy benchmarks on an H200: benchmarks/h200-decode.json, then BENCHMARKS.md
+bench: gpu-site ## decode benchmarks on an H200 (FlashMLA from the bundle): benchmarks/h200-decode.json + PNG, then BENCHMARKS.md
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/h200_decode.py --sglang-root $(SGLANG_ROOT) $(BENCH_ARGS)
 	$(GPU_PYTHON) benchmarks/report.py
 
