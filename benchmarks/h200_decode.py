@@ -35,15 +35,18 @@ Sections, in this order (all by default; --sections picks, --skip drops; JSON wr
 Time budget on the H200 machine (16 host cores), estimated from the previous run's numbers (each
 graph timing ~0.4 s: capture, 200 ms of replays; SGLang's fp8 kernel up to 2.3 ms a call at H=128):
   setup (imports, 1M-row pool in three formats, ceilings)    ~10 s
-  compile   ~50 kernels on 16 processes: 60-150 s cold, ~15 s warm (cache loads)
+  compile   ~55 kernels on 16 processes (one took 30-36 s on a busy 2-core machine): 90-180 s cold,
+            ~15 s warm (cache loads)
   cases     16 cases x 5 timings + host + errors              ~40 s
   accuracy  9 rows                                            ~5 s
   short     2 S x 3 valid x 2 timings                         ~6 s
   sweep     37 points + the plot                              ~16 s
   proxy     16 timings                                        ~8 s
   kvcopy    16 timings                                        ~5 s
-so `make bench` takes ~4 min cold and ~2 min warm; with `make test-gpu` (warm cache, ~3 min) one
-call is ~6 min. Each section prints its elapsed time; a short table and the targets print last.
+so `make bench` takes ~4 min cold and ~2 min warm. Tests and benchmark in one call of ~7 min, the
+kernels compiled once for both:
+    make bench BENCH_ARGS="--sections compile" && make test-gpu; make bench BENCH_ARGS="--skip compile"
+Each section prints its elapsed time; a short table and the targets print last.
 """
 from __future__ import annotations
 

@@ -15,10 +15,11 @@ Three kinds of data (make_case), GLM-5.3-Flash geometry (d = 512, sm_scale = 512
 - "peaked": KV N(0, 1); q = 0.25 x the sum of 8 keys from the query's own top-k + N(0, 1): about
   half of each head's softmax mass sits on those 8 keys.
 
-fp32 on the CPU over 2,048 random rows of a pool (test_accuracy_reference.py's sizes), the figures
+In fp32 on the CPU, top-k 2,048 random rows a query, 256 to 1,024 (query, head) pairs, the figures
 are, in per cent (raw floor / FlashMLA's format / q rounded / q halves): outliers 0.80 / 0.65 /
-2.73 / 0.80; normal 2.45 / 2.34 / 3.63 / 2.45; peaked ~3.5 / ~3.3 / ~4.2 / ~3.5. Rounding q costs
-1.2x (peaked) to 3.4x (outliers) the floor; two e4m3 halves cost nothing measurable.
+2.73 / 0.80; normal 2.45 / 2.34 / 3.63 / 2.45; peaked 3.5 / 3.4 / 4.2 / 3.5 (each within ~5%).
+Rounding q costs 1.2x (peaked) to 3.4x (outliers) the floor; two e4m3 halves cost nothing
+measurable.
 
 The functions take CPU or CUDA tensors alike (the GPU tests and the benchmark call them on the GPU).
 """
