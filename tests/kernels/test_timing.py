@@ -19,13 +19,14 @@ def test_rotation_reads_at_least_256_mib_between_two_calls_of_one_set():
 
 @pytest.mark.gpu
 def test_rotated_inputs_miss_l2_where_the_same_input_hits_it():
-    """A 24 MiB read fits the H200's 50 MB L2: replayed on the same tensor it comes from L2, rotated
-    over tensors that add up to more than 256 MiB it comes from HBM, measurably slower."""
+    """A 16 MiB read fits the H200's 50 MB L2 (even at half of it, where both partitions hold a copy):
+    replayed on the same tensor it comes from L2 after the graph's first call, rotated over tensors
+    that add up to more than 256 MiB it comes from HBM, measurably slower."""
     torch = pytest.importorskip("torch")
 
-    n = 24 << 20
+    n = 16 << 20
     tensors = [torch.ones(n // 4, device="cuda") for _ in range(timing.rotation_count(n))]
     out = torch.empty((), device="cuda")
     calls = [lambda t=t: torch.sum(t, out=out) for t in tensors]
     same, rotated = timing.graph_us(calls[0]), timing.rotated_us(calls)
-    assert rotated > 1.2 * same, (same, rotated)
+    assert rotated > 1.1 * same, (same, rotated)
