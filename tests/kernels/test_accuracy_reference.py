@@ -13,8 +13,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsaops.kernels import accuracy, reference
-from interp_fp8 import interpreted
-from sglang_wheel import sglang_source
+
+from tests.support.sglang_wheel import sglang_source
+from tests.support.triton_interpreter import interpreted
 
 S, H, SLOTS = 8, 32, 1 << 14
 MEASURED = {  # per cent: raw_kv_floor, flashmla_format_floor, q_rounded_err, q_halves_err

@@ -125,25 +125,33 @@ def test_targets_are_decided_by_their_numbers():
     assert got["write / gather >= 70% of copy at 65,536 rows"]["met"] is None  # not measured is not met
 
 
-def test_make_puts_the_unzipped_flashmla_wheel_on_the_gpu_path(tmp_path):
-    """make test-gpu / make bench unzip .devbundle/peers/sgl_flash_mla-*.whl once and put it on PYTHONPATH;
-    with no wheel there, nothing is unzipped and the benchmark's preflight says what is missing."""
+def test_make_puts_the_bundles_flashmla_on_the_gpu_path(tmp_path):
+    """make test-gpu / make bench unpack the offline bundle (TileLang and FlashMLA as one site folder)
+    once, again only when its BUNDLE manifest changes, and put the site on PYTHONPATH; with no bundle,
+    nothing is unpacked and the benchmark's preflight says what is missing."""
     import subprocess
     import sys
-    import zipfile
+    import tarfile
 
     repo = Path(__file__).parents[2]
-    peers, site = tmp_path / "peers", tmp_path / "site"
-    make = ["make", "-s", "-C", str(repo), "gpu-site", f"PEERS_WHEELS={peers}", f"PEERS_SITE={site}",
-            f"TILELANG_BUNDLE={tmp_path / 'none'}", f"GPU_PYTHON={sys.executable}"]
+    bundle, site = tmp_path / "bundle", tmp_path / "site"
+    make = ["make", "-s", "-C", str(repo), "gpu-site", f"BUNDLE_DIR={bundle}", f"TILELANG_SITE={site}",
+            f"GPU_PYTHON={sys.executable}"]
     subprocess.run(make, check=True)
     assert not site.exists()
-    peers.mkdir()
-    with zipfile.ZipFile(peers / "sgl_flash_mla-1.0.0-cp310-abi3-manylinux2014_x86_64.whl", "w") as whl:
-        whl.writestr("flash_mla/__init__.py", "")
+    stage = tmp_path / "stage" / "site"
+    (stage / "flash_mla").mkdir(parents=True)
+    (stage / "flash_mla" / "__init__.py").write_text("")
+    (stage / "BUNDLE").write_text("sgl-flash-mla 1.0.0\n")
+    bundle.mkdir()
+    (bundle / "BUNDLE").write_text("sgl-flash-mla 1.0.0\n")
+    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
+        tar.add(stage, arcname="site")
     subprocess.run(make, check=True)
-    subprocess.run(make, check=True)  # already there: left alone
     assert (site / "flash_mla" / "__init__.py").is_file()
-    dry = subprocess.run(["make", "-n", "-C", str(repo), "bench", f"PEERS_SITE={site}"], capture_output=True, text=True,
-                         check=True).stdout
+    (site / "flash_mla" / "__init__.py").write_text("# kept\n")
+    subprocess.run(make, check=True)  # same manifest: left alone
+    assert (site / "flash_mla" / "__init__.py").read_text() == "# kept\n"
+    dry = subprocess.run(["make", "-n", "-C", str(repo), "bench", f"TILELANG_SITE={site}"], capture_output=True,
+                         text=True, check=True).stdout
     assert f":{site}" in next(line for line in dry.splitlines() if "h200_decode.py" in line)

@@ -9,7 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsaops.kernels import peers
-from sglang_wheel import sglang_source, wheel
+
+from tests.support.sglang_wheel import sglang_source, wheel
 
 FLASHMLA_VERSION = "1.0.0"
 
