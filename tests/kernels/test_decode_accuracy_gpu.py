@@ -57,8 +57,9 @@ def test_q_rounded_to_e4m3_fails_the_same_bound(kind):
 @pytest.mark.parametrize("H", [16, 128])  # padded to 64 heads; FlashMLA's 128-head kernel
 def test_flashmla_caller_computes_attention_over_its_format(H):
     """peers.FlashMLADecode over accuracy.flashmla_pages: within FlashMLA's own rounding of the fp32
-    attention over its dequantized pool; scrambled indices are seen (the page view maps row ids)."""
-    pytest.importorskip("flash_mla", reason="sgl-flash-mla is not on the path (make test-gpu unzips it)")
+    attention over its dequantized pool; scrambled indices are seen (the page view maps row ids):
+    their error is ten times the pass bound or more."""
+    pytest.importorskip("flash_mla", reason="sgl-flash-mla is not on the path (the offline bundle carries it)")
     from dsaops.kernels import peers
 
     S = 16
@@ -70,4 +71,4 @@ def test_flashmla_caller_computes_attention_over_its_format(H):
     want = accuracy.reference_outputs(q, kv, idx, accuracy.SM_SCALE, ("flashmla_format_floor",))
     assert accuracy.rel_err(out, want["flashmla_format_floor"]) <= 0.01
     scrambled = torch.randint(0, SLOTS, idx.shape, device="cuda", dtype=torch.int32)
-    assert accuracy.rel_err(fm(fm.pad(q), pages, scrambled, accuracy.SM_SCALE), want["flashmla_format_floor"]) >= 0.5
+    assert accuracy.rel_err(fm(fm.pad(q), pages, scrambled, accuracy.SM_SCALE), want["flashmla_format_floor"]) >= 0.1
