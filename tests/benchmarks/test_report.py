@@ -136,6 +136,39 @@ def test_a_json_no_section_renders_is_refused(bench, tmp_path):
     assert done.returncode == 2 and "h100-decode.json: no section renders this file" in done.stderr
 
 
+def test_a_failed_peer_is_named_with_its_error(bench, tmp_path):
+    def failed(data):
+        case(data, 16, 1).update(sglang_fp8_us=None, sglang_fp8_us_error="RuntimeError: out of\n  resources")
+    edit(bench / "h200-decode.json", failed)
+    out = tmp_path / "BENCHMARKS.md"
+    assert render(bench, out).returncode == 0
+    text = out.read_text()
+    assert "- cases, H=16 S=1: `sglang_fp8_us`: RuntimeError: out of resources\n" in text
+    assert "Failed in this run" not in COMMITTED.read_text()
+
+
+def test_one_decode_result_renders_alone_and_a_dry_run_is_marked_fake(bench, tmp_path, monkeypatch, capsys):
+    dry = tmp_path / "x.json"
+    edit(bench / "h200-decode.json", lambda d: d.update(dry_run=True, fake_timings=True))
+    (bench / "h200-decode.json").rename(dry)
+    page = tmp_path / "dry.md"
+    done = subprocess.run([sys.executable, str(REPORT), "--decode", str(dry), "--out", str(page)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert text.count("**DRY RUN: FAKE TIMINGS.**") == 1 and "DRY RUN" not in COMMITTED.read_text()
+    assert f"| results | [{dry}]({dry}) |" in text
+    assert "## Decode kernels (H200)" in text and "## Exporter" not in text
+
+    monkeypatch.setattr(report, "PAGE", tmp_path / "BENCHMARKS.md")   # the committed page, as the report knows it
+    assert report.main(["--decode", str(dry)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x.json is a dry run's (fake timings), which never go to BENCHMARKS.md" in err
+    assert not (tmp_path / "BENCHMARKS.md").exists()
+    edit(dry, lambda d: d.pop("dry_run"))                               # a measured result may go there
+    assert report.main(["--decode", str(dry)]) == 0 and (tmp_path / "BENCHMARKS.md").exists()
+
+
 def _case(H, S, us, **peers):
     """A decode case, its peers `peers` times slower (name=ratio)."""
     return {"H": H, "S": S, "dsaops_fp8_us": us, "roofline_us": us * (0.4 + S / 1000), "eager_host_us": 15 + S / 64,
