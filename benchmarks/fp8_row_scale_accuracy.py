@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
-from benchmarks.run_info import run_info
+from benchmarks.run_info import gpu_machine, run_info
 
 D, TOPK, SLOTS, S, H = 512, 2048, 8192, 8, 16
 OUTLIER_CHANNELS = 8
@@ -71,10 +70,7 @@ def main(argv=None) -> int:
 
     command = f"PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py --seeds {args.seeds}"
     if args.kernels:
-        import torch
-
-        machine = f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python {platform.python_version()}"
-        result = {**run_info(command + " --kernels", machine), "decode": "kernels"}
+        result = {**run_info(command + " --kernels", gpu_machine()), "decode": "kernels"}
     else:
         result = {**run_info(command), "decode": "fp32 reference"}
     result |= {"seeds": args.seeds, "slots": SLOTS, "topk": TOPK, "S": S, "H": H, "d": D,

@@ -24,7 +24,10 @@ def commit() -> str:
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
 
-    head = git("rev-parse", "--short", "HEAD")
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+    except OSError:                                   # a GPU host may have no git: the run goes on
+        return "unknown (no git here)"
     if head.returncode != 0:
         return "unknown (not a git checkout)"
     dirty = git("diff", "--quiet", "HEAD", "--", ".", *OUTPUTS).returncode != 0
@@ -35,6 +38,13 @@ def cpu_machine() -> str:
     """The CPU machine in a line: architecture, cores, Python, load average when the run started."""
     return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
+def gpu_machine() -> str:
+    """The CUDA machine in a line: the GPU, torch, Python (imports torch: call it where a GPU runs)."""
+    import torch
+
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Python {platform.python_version()}"
 
 
 def run_info(command: str, machine: str | None = None) -> dict:
