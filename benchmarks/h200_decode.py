@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/h200_decode.py --sglang-root DIR [--sections S...] [--skip S...]
     python3 benchmarks/h200_decode.py --dry-run [--out FILE]   # no GPU: fake timings, never the results file
+    python3 benchmarks/report.py --decode FILE --out PAGE      # a dry run's page, marked fake
 
 DIR holds `sglang/kernels/ops/attention/dsa/tilelang_kernel.py` from the pinned wheel (loaded as a
 baseline, kernels/peers.py); FlashMLA's `flash_mla` package (the sgl-flash-mla wheel, unzipped) must
@@ -32,7 +33,7 @@ Sections, in this order (all by default; --sections picks, --skip drops; JSON wr
             the H200, not a GB10 figure), and the GB10 memory floor (273 GB/s)
   kvcopy    write_kv_fp8 / gather_kv_rows bandwidth (benchmarks/bench_kv_copy.py)
 
-Time budget on the H200 machine (16 host cores), estimated from the previous run's numbers (each
+Time budget on an H200 host with 16 cores, estimated from the previous run's numbers (each
 graph timing ~0.4 s: capture, 200 ms of replays; SGLang's fp8 kernel up to 2.3 ms a call at H=128):
   setup (imports, 1M-row pool in three formats, ceilings)    ~10 s
   compile   ~55 kernels on 16 processes (one took 30-36 s on a busy 2-core machine): 90-180 s cold,
@@ -46,7 +47,11 @@ graph timing ~0.4 s: capture, 200 ms of replays; SGLang's fp8 kernel up to 2.3 m
 so `make bench` takes ~4 min cold and ~2 min warm. Tests and benchmark in one call of ~7 min, the
 kernels compiled once for both:
     make bench BENCH_ARGS="--sections compile" && make test-gpu; make bench BENCH_ARGS="--skip compile"
-Each section prints its elapsed time; a short table and the targets print last.
+The JSON (benchmarks/h200-decode.json; a dry run's: a temp file) is written after each section, the
+sweep PNG beside it (report.sweep_plot); it holds the raw numbers and the run's date, commit, machine
+and command. The targets are benchmarks/report.py's, judged from those numbers: each section prints
+its elapsed time, and the cases table and each target's verdict print last, as BENCHMARKS.md gives
+them.
 """
 from __future__ import annotations
 
@@ -56,10 +61,15 @@ import importlib.util
 import inspect
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: `benchmarks`
+from benchmarks.report import DECODE_TARGETS, sweep_plot
+from benchmarks.run_info import gpu_machine, run_info
 
 HEADS = (16, 32, 64, 128)
 BATCHES = (1, 16, 64, 256)
@@ -80,7 +90,6 @@ GB10_BYTES_S = 273e9  # GB10's LPDDR5X
 ROW_BYTES = D_V + 4   # a top-k row read: its fp8 values and its int32 id
 SECTIONS = ("compile", "cases", "accuracy", "short", "sweep", "proxy", "kvcopy")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-decode.json")
-PLOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-decode-sweep.png")
 PROXY_LABEL = "sm_121 tiles built for sm_90a without wgmma, timed on the H200: a proxy, not a GB10 figure"
 METHOD = {
     "timing": "GPU us a call, median of CUDA-graph replays; *_us of every kernel rotated: input sets cycled so that "
@@ -473,7 +482,6 @@ def run_accuracy(run, result):
                 fm_out = _attempt(row, "flashmla_err_vs_bf16", fm, fm.pad(q), pages, idx, SM_SCALE)
                 row["flashmla_err_vs_bf16"] = None if fm_out is None else accuracy.rel_err(fm_out, want)
             row = {k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}
-            row["within_1_1x_floor"] = row["err_vs_bf16"] <= 1.1 * row["raw_kv_floor"]
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -516,8 +524,9 @@ def run_sweep(run, result):
             rows.append({"H": H, "S": S, "dsaops_us": us, "roofline_us": round(roof, 2),
                          "roofline_pct": round(100 * roof / us, 1)})
             print(json.dumps(rows[-1]), flush=True)
-    plot_sweep(rows, run.args.plot, dry=run.dry)
-    print(f"sweep plot: {run.args.plot}", flush=True)
+    plot = sweep_plot(run.args.out)
+    plot_sweep(rows, plot, dry=run.dry)
+    print(f"sweep plot: {plot}", flush=True)
 
 
 def plot_sweep(rows, path, dry=False):
@@ -588,73 +597,7 @@ def run_kvcopy(run, result):
     result["kv_copy"] = module.run(copy_tb_s=result["copy_tb_s"])
 
 
-# ---- targets and the report
-
-def targets(result) -> list[dict]:
-    """Each speed and accuracy target with the number that decides it (met: None = not measured)."""
-    cases, out = result.get("cases", []), []
-
-    def add(target, value, limit, at_most, where=""):
-        met = None if value is None else (value <= limit if at_most else value >= limit)
-        out.append({"target": target, "value": value, "limit": limit, "met": met, "where": where})
-
-    def extreme(rows, key, pick):
-        got = [(r[key], r) for r in rows if r.get(key) is not None]
-        if not got:
-            return None, ""
-        value, row = pick(got, key=lambda x: x[0])
-        return value, " ".join(f"{k}={row[k]}" for k in ("data", "H", "S", "valid", "kernel", "width") if k in row)
-
-    big = [c for c in cases if c["H"] == 64 and c["S"] == 256]
-    add("H=64, S=256 <= 155 µs", big[0]["dsaops_fp8_us"] if big else None, 155, True, "H=64 S=256")
-    value, where = extreme([c for c in cases if c["S"] == 1], "dsaops_fp8_us", max)
-    add("S=1 <= 10 µs", value, 10, True, where)
-    for label, rows, limit in (("H <= 64", [c for c in cases if c["H"] <= 64], 1.3),
-                               ("H = 128", [c for c in cases if c["H"] == 128], 1.15)):
-        value, where = extreme(rows, "speedup_vs_flashmla", min)
-        add(f"every case >= {limit}x faster than FlashMLA at {label}", value, limit, False, where)
-    value, where = extreme(cases, "speedup_vs_sglang_bf16", min)
-    add("every case >= 1.5x faster than SGLang's bf16 kernel", value, 1.5, False, where)
-    value, where = extreme(cases, "speedup_vs_sglang_fp8", min)
-    add("never slower than SGLang's fp8 kernel", value, 1.0, False, where)
-    wide = [r for r in cases + result.get("sweep", []) if r["S"] >= 64]
-    value, where = extreme(wide, "roofline_pct", min)
-    add("no S >= 64 below 40% of roofline (cases and sweep)", value, 40, False, where)
-    short = [r for r in result.get("short_context", []) if r["H"] == 64 and r["S"] == 64 and r["valid"] == 300]
-    if short:
-        best = min(x for x in (short[0]["dsaops_us"], short[0]["topk_length_us"]) if x is not None)
-        how = "topk_length" if best == short[0]["topk_length_us"] else "-1 tails"
-        add("short context <= 40% of full at 300 valid", round(100 * best / short[0]["full_us"], 1), 40, True,
-            f"H=64 S=64 ({how})")
-    else:
-        add("short context <= 40% of full at 300 valid", None, 40, True, "H=64 S=64")
-    value, where = extreme(cases, "eager_host_us", max)
-    add("eager host cost <= 40 µs (least of 15 runs)", value, 40, True, where)
-    acc = [dict(r, floor_ratio=round(r["err_vs_bf16"] / r["raw_kv_floor"], 3)) for r in result.get("accuracy", [])]
-    value, where = extreme(acc, "floor_ratio", max)
-    add("error vs bf16 KV <= 1.1x the raw-KV floor (each data kind)", value, 1.1, True, where)
-    value, where = extreme(cases, "rel_err", max)
-    add("kernel-only error <= 1.0%", None if value is None else round(100 * value, 3), 1.0, True, where)
-    copies = [r for r in result.get("kv_copy", []) if r.get("default", True)]
-    value, where = extreme(copies, "pct_of_copy", min)
-    add("write / gather >= 70% of copy at 65,536 rows", value, 70, False, where)
-    return out
-
-
-def markdown(result) -> str:
-    """The cases table of a result JSON in Markdown (`--markdown FILE` prints it)."""
-    lines = [(f"GPU: {result['gpu']}; copy {result['copy_tb_s']} TB/s (read + write), fp8 `torch._scaled_mm` "
-              f"{result['fp8_mm_tflops']} TFLOP/s; top-k {TOPK}, d_v {D_V}, d_tail 0, {SLOTS:,}-row pool."), "",
-             ("| H | S | dsaops µs (rotated) | same input | FlashMLA µs | SGLang fp8 µs | SGLang bf16 µs | % of roofline "
-              "| vs FlashMLA | vs SGLang bf16 | error vs bf16 | raw-KV floor | FlashMLA error |"),
-             "| " + " | ".join(["---"] * 13) + " |"]
-    for c in result["cases"]:
-        lines.append(" | ".join(["", str(c["H"]), str(c["S"])] + [_cell(c.get(k)) for k in (
-            "dsaops_fp8_us", "same_input_us", "flashmla_us", "sglang_fp8_us", "sglang_bf16_us", "roofline_pct",
-            "speedup_vs_flashmla", "speedup_vs_sglang_bf16")] + [_pct(c.get(k)) for k in (
-                "err_vs_bf16", "raw_kv_floor", "flashmla_err_vs_bf16")] + [""]).strip())
-    return "\n".join(lines)
-
+# ---- the summary printed last
 
 def _cell(x):
     return "-" if x is None else f"{x:g}"
@@ -664,8 +607,9 @@ def _pct(x):
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
-def report(result) -> str:
-    """The short table printed last: the cases, then each target."""
+def summary(result) -> str:
+    """The short table printed last: the cases, then each target of benchmarks/report.py (the
+    verdicts BENCHMARKS.md gives)."""
     fake = "  DRY RUN: FAKE TIMINGS" if result.get("dry_run") else ""
     lines = [(f"{result['gpu']}  copy {result['copy_tb_s']:.2f} TB/s  fp8 mm {result['fp8_mm_tflops']:.0f} TFLOP/s"
               f"  (us; rotated inputs; errors vs bf16 KV, outlier data){fake}"),
@@ -677,9 +621,10 @@ def report(result) -> str:
                      f"{_cell(c.get('sglang_bf16_us')):>8} {c['roofline_pct']:>5.0f} "
                      f"{_cell(c.get('speedup_vs_flashmla')):>5} {_cell(c.get('speedup_vs_sglang_bf16')):>5} "
                      f"{_pct(c['err_vs_bf16']):>6} {_pct(c['raw_kv_floor']):>6} {_pct(c.get('flashmla_err_vs_bf16')):>6}")
-    for t in result.get("targets", []):
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
-        lines.append(f"  {verdict:<12} {t['target']}: {_cell(t['value'])} (limit {t['limit']}) {t['where']}")
+    for t in DECODE_TARGETS:
+        met, measured = t.verdict(result)
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[met]
+        lines.append(f"  {verdict:<12} {t.name}: {measured} (limit {t.limit_text()})")
     return "\n".join(lines)
 
 
@@ -687,10 +632,8 @@ def report(result) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--markdown", metavar="JSON", help="print the cases table of a result file in Markdown and exit")
     p.add_argument("--sglang-root", help="folder holding sglang/kernels/ops/attention/dsa/tilelang_kernel.py")
     p.add_argument("--out", help=f"results JSON (default {os.path.relpath(RESULTS)}; a dry run's: a temp file)")
-    p.add_argument("--plot", help=f"sweep PNG (default {os.path.relpath(PLOT)}; a dry run's: beside --out)")
     p.add_argument("--sections", nargs="+", metavar="S", default=list(SECTIONS), help=" ".join(SECTIONS))
     p.add_argument("--skip", nargs="+", metavar="S", default=[], help="sections not to run")
     p.add_argument("--dry-run", action="store_true",
@@ -702,6 +645,7 @@ def parse_args(argv):
     p.add_argument("--tiles", nargs="*", default=[],
                    help="extra tiles to time as heads:rows:stages:threads[:ws|:vr] (printed, not in the JSON)")
     args = p.parse_args(argv)
+    args.command = shlex.join(["python3", "benchmarks/h200_decode.py", *(sys.argv[1:] if argv is None else argv)])
     unknown = sorted(set(args.sections + args.skip) - set(SECTIONS))
     if unknown:
         raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
@@ -716,10 +660,9 @@ def parse_args(argv):
         args.out = args.out or os.path.join(tempfile.gettempdir(), "h200-decode.dry-run.json")
         if os.path.realpath(args.out) == os.path.realpath(RESULTS):
             raise UserError(f"a dry run's fake timings never go to {os.path.relpath(RESULTS)}: pass another --out")
-        args.plot = args.plot or os.path.splitext(args.out)[0] + "-sweep.png"
         if "compile" in args.sections:
             args.sections.remove("compile")  # nothing to compile: no kernel runs
-    args.out, args.plot = args.out or RESULTS, args.plot or PLOT
+    args.out = args.out or RESULTS
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     return args
@@ -737,7 +680,7 @@ def preflight(args):
     import torch
 
     if not torch.cuda.is_available():
-        raise UserError("no CUDA GPU here: run this on the H200 machine (make bench), or pass --dry-run")
+        raise UserError("no CUDA GPU here: run this on an H200 host (make bench), or pass --dry-run")
     major, minor = torch.cuda.get_device_capability()
     if major != 9:
         raise UserError(f"this benchmark times dsaops' sm_90 kernels; this GPU is sm_{major}{minor}")
@@ -772,7 +715,8 @@ def write(result, path):
 
 def measure(args) -> dict:
     run = Run(args)
-    result = {"gpu": "dry run (CPU stand-ins)" if run.dry else None, "sections": args.sections, "method": METHOD}
+    result = {**run_info(args.command, machine=None if run.dry else gpu_machine()),  # a dry run's: this CPU
+              "gpu": "dry run (CPU stand-ins)" if run.dry else None, "sections": args.sections, "method": METHOD}
     if run.dry:
         result |= {"dry_run": True, "fake_timings": True}
     elapsed = result["elapsed_s"] = {}
@@ -819,21 +763,13 @@ def measure(args) -> dict:
         elapsed[name] = round(time.time() - start, 1)
         print(f"== {name}: {elapsed[name]:.0f} s (run {time.time() - t0:.0f} s)", flush=True)
         if measuring and name != "compile":
-            result["targets"] = targets(result)
             write(result, args.out)
-    result["targets"] = targets(result)
-    if measuring:
-        write(result, args.out)
     return result
 
 
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
-        if args.markdown:
-            with open(args.markdown) as f:
-                print(markdown(json.load(f)))
-            return 0
         preflight(args)
     except (UserError, OSError, ValueError) as e:
         print(f"h200_decode: {e}", file=sys.stderr)
@@ -842,7 +778,7 @@ def main(argv=None) -> int:
     print("elapsed (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items()))
     if [s for s in args.sections if s != "compile"]:
         print(f"results: {args.out}" + ("  (DRY RUN: FAKE TIMINGS)" if args.dry_run else ""))
-        print(report(result))
+        print(summary(result))
     return 0
 
 
