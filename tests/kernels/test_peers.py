@@ -10,9 +10,8 @@ torch = pytest.importorskip("torch")
 
 from dsaops.kernels import peers
 
+from dsaops import pins
 from tests.support.sglang_wheel import sglang_source, wheel
-
-FLASHMLA_VERSION = "1.0.0"
 
 
 def _function(tree, name):
@@ -37,7 +36,7 @@ def sglang_dsa():
 
 @pytest.fixture(scope="module")
 def flashmla_api():
-    with zipfile.ZipFile(wheel("sgl-flash-mla", FLASHMLA_VERSION)) as whl:
+    with zipfile.ZipFile(wheel("sgl-flash-mla", pins.FLASH_MLA)) as whl:
         return ast.parse(whl.read("flash_mla/flash_mla_interface.py").decode())
 
 
