@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "dsaops.healthchecks.cli",
     "dsaops.deploy",
     "dsaops.image",
+    "dsaops.bench.cli",
 )
 
 
