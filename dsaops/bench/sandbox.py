@@ -7,7 +7,8 @@ network and cannot run away.
   reaches the C library could still connect; `isolation()` says which is in force).
 - Runaway code: address-space, CPU-time, file-size and process-count rlimits; a wall-clock
   limit that kills the process group, and with namespaces a PID namespace whose end takes every
-  descendant along (a fork bomb that calls setsid included). Run as root, the program drops to
+  descendant along (a fork bomb that calls setsid included); without them, a sweep of the
+  processes still running the program. Run as root, the program drops to
   nobody (65534) first, so the process-count limit binds and it writes nowhere it may not.
 - It starts in an empty folder of its own with a bare environment, the interpreter isolated
   (-I -S: no site-packages, no environment variables read).
@@ -117,25 +118,50 @@ def run_python(code: str, *, timeout: float, memory_mb: int, mode: str | None = 
             started = time.monotonic()
             rc = bounded.run(argv, timeout, cwd=folder, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                              env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(folder)})
+            _kill_strays(str(program))
             seconds = round(time.monotonic() - started, 3)
-            output.seek(0)
-            text = output.read(OUTPUT_LIMIT).decode(errors="replace")
+            flooded = os.fstat(output.fileno()).st_size >= OUTPUT_LIMIT
+            output.seek(max(0, os.fstat(output.fileno()).st_size - 4096))
+            text = output.read().decode(errors="replace")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return _outcome(rc, text, seconds, timeout)
+    return _outcome(rc, text, seconds, timeout, flooded)
 
 
-def _outcome(rc: int | None, text: str, seconds: float, timeout: float) -> Outcome:
-    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+def _outcome(rc: int | None, text: str, seconds: float, timeout: float, flooded: bool) -> Outcome:
+    """Python ignores SIGXFSZ: a write past the file-size limit raises instead, so a flood is told
+    by the output's size."""
+    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")[:300]
     if rc is None or rc == -signal.SIGXCPU:
         return Outcome("timeout", f"stopped after {timeout:g} s", seconds)
-    if "MemoryError" in last or rc == -signal.SIGKILL and "MemoryError" in text:
+    if "MemoryError" in last:
         return Outcome("memory", "ran out of its memory limit", seconds)
+    if flooded:
+        return Outcome("failed", f"wrote more than {OUTPUT_LIMIT} bytes", seconds)
     if rc == 0:
         return Outcome("passed", last, seconds)
-    if rc == -signal.SIGXFSZ:
-        return Outcome("failed", f"wrote more than {OUTPUT_LIMIT} bytes", seconds)
-    return Outcome("failed", last[:300] or f"exit status {rc}", seconds)
+    return Outcome("failed", last or f"exit status {rc}", seconds)
+
+
+def _kill_strays(program: str) -> None:
+    """Forks that left the process group (setsid) and, without a PID namespace, outlived it: every
+    process still running the program, until none is left."""
+    marker = program.encode()
+    for _ in range(50):
+        found = False
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    if marker in f.read():
+                        os.kill(int(entry.name), signal.SIGKILL)
+                        found = True
+            except (OSError, ValueError):
+                pass
+        if not found:
+            return
+        time.sleep(0.02)
 
 
 def _process_limit(uid: int) -> int:
