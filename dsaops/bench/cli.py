@@ -8,7 +8,6 @@ run completed, 1 when a level or a request failed, 2 on bad input.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import urllib.parse
@@ -35,8 +34,8 @@ def add_parser(sub) -> None:
     s.add_argument("--max-requests", type=int, default=5000, help="requests per level at most (default 5000)")
     s.add_argument("--timeout", type=float, help="seconds a level may take before it is stopped "
                    "(default 3 x --duration + 120)")
-    s.add_argument("--tokenizer", help="the model's tokenizer folder (default: /server_info's tokenizer_path "
-                   "when that folder is here, as in the server's container)")
+    s.add_argument("--tokenizer", help="the model's tokenizer folder (default: /server_info's tokenizer_path, "
+                   "a folder or a Hugging Face id in the local cache, as in the server's container)")
     s.add_argument("--plot", help="write a PNG of the sweep here (needs matplotlib: pip install 'dsaops[bench]')")
     s.set_defaults(func=run_serve)
     e = what.add_parser("eval", help="pass@1 on HumanEval, generated code run sandboxed; against a reference run")
@@ -186,13 +185,12 @@ def run_serve(args) -> int:
 
 
 def _served_tokenizer(info: dict) -> str:
-    for key in ("tokenizer_path", "model_path"):
-        path = info.get(key)
-        if isinstance(path, str) and os.path.isdir(path):
-            return path
+    """What the server loaded its tokenizer from: a folder, or a Hugging Face id that the local cache
+    holds (the generator runs with HF_HUB_OFFLINE=1 unless it is set)."""
     named = info.get("tokenizer_path") or info.get("model_path")
-    raise UserError("the load generator needs the model's tokenizer: pass --tokenizer FOLDER (the model folder)"
-                    + (f"; the server loads {named}, which is not a folder here" if named else ""))
+    if not isinstance(named, str) or not named:
+        raise UserError("the load generator needs the model's tokenizer: pass --tokenizer FOLDER (the model folder)")
+    return named
 
 
 def run_eval(args) -> int:
