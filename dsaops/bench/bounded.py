@@ -1,5 +1,5 @@
-"""A child process with a wall-clock limit: its own session, and its whole process group
-killed when it returns or runs past the limit (nothing it started outlives it)."""
+"""Child processes that nothing outlives: each in its own session, its whole process group
+killed when it returns or runs past its wall-clock limit."""
 from __future__ import annotations
 
 import os
@@ -15,8 +15,13 @@ def run(argv: list[str], timeout: float, **popen) -> int | None:
     except subprocess.TimeoutExpired:
         return None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        kill_group(proc)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the group a child started with start_new_session, then reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

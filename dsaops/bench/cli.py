@@ -169,9 +169,10 @@ def run_serve(args) -> int:
     progress(f"sweeping {url} ({model}) at concurrency {','.join(map(str, levels))}: {args.input_len} in, "
              f"{args.output_len} out per request")
     with tempfile.NamedTemporaryFile("w+", prefix="dsaops-bench-serve-", suffix=".log") as log:
-        result = sweep.run(levels, duration=args.duration, max_requests=args.max_requests, timeout=timeout,
-                           progress=progress, log=log, api_key=key, server_url=url, model=model,
-                           tokenizer=tokenizer, input_len=args.input_len, output_len=args.output_len)
+        with generator.Generator(api_key=key, log=log, server_url=url, model=model, tokenizer=tokenizer,
+                                 input_len=args.input_len, output_len=args.output_len) as gen:
+            result = sweep.run(levels, gen.level, duration=args.duration, max_requests=args.max_requests,
+                               timeout=timeout, progress=progress)
         if result.failure:
             log.seek(0)
             tail = [line.rstrip() for line in log.readlines()[-6:] if line.strip()]

@@ -28,25 +28,25 @@ def level_requests(concurrency: int, previous: generator.Level | None, *, durati
     return max(least, min(wanted, max_requests))
 
 
-def run(concurrencies: list[int], *, duration: float, max_requests: int, timeout: float, progress, log,
-        **generator_args) -> Sweep:
+def run(concurrencies: list[int], level, *, duration: float, max_requests: int, timeout: float, progress) -> Sweep:
+    """`level(concurrency=, requests=, timeout=)` measures one level (generator.Generator.level)."""
     sweep = Sweep()
     for i, c in enumerate(concurrencies):
         n = level_requests(c, sweep.levels[-1] if sweep.levels else None, duration=duration,
                            max_requests=max_requests)
         progress(f"[{i + 1}/{len(concurrencies)}] concurrency {c}: {n} requests (at most {timeout:g} s)")
         try:
-            level = generator.run_level(concurrency=c, requests=n, timeout=timeout, log=log, **generator_args)
+            measured = level(concurrency=c, requests=n, timeout=timeout)
         except generator.LevelFailed as e:
             sweep.failure = f"concurrency {c}: {e}"
             progress(f"    FAILED: {e}")
             break
-        sweep.levels.append(level)
-        progress(f"    {level.output_tok_s:.1f} output tok/s, TTFT p50 {level.ttft_p50_ms:.0f} ms, "
-                 f"{level.completed}/{level.requests} completed in {level.seconds:.1f} s")
-        if level.completed < level.requests:
-            sweep.failure = (f"concurrency {c}: {level.requests - level.completed} of {level.requests} requests "
-                             f"failed ({level.first_error or 'no error text'})")
+        sweep.levels.append(measured)
+        progress(f"    {measured.output_tok_s:.1f} output tok/s, TTFT p50 {measured.ttft_p50_ms:.0f} ms, "
+                 f"{measured.completed}/{measured.requests} completed in {measured.seconds:.1f} s")
+        if measured.completed < measured.requests:
+            sweep.failure = (f"concurrency {c}: {measured.requests - measured.completed} of {measured.requests} "
+                             f"requests failed ({measured.first_error or 'no error text'})")
             progress(f"    FAILED: {sweep.failure}")
             break
     return sweep

@@ -19,14 +19,21 @@ def serving() -> str:
 
 
 def _flags() -> list[str]:
-    argv = generator.command(server_url="http://h:1", model="m", tokenizer="t", concurrency=1, requests=2,
-                             input_len=3, output_len=4, output_file="f")
+    argv = generator.arguments(server_url="http://h:1", model="m", tokenizer="t", concurrency=1, requests=2,
+                               input_len=3, output_len=4, output_file="f")
     return [a for a in argv if a.startswith("--")]
 
 
 @pytest.mark.parametrize("flag", _flags())
 def test_each_flag_is_the_generators(serving, flag):
     assert f'"{flag}"' in serving, f"sglang 0.5.23 {SERVING} has no {flag}"
+
+
+def test_its_command_line_is_cli_main_over_sys_argv(serving):
+    """The driver runs one level per call of cli_main, with sys.argv set to that level's arguments."""
+    main = serving[serving.index("\ndef cli_main():"):]
+    assert "args = parser.parse_args()\n" in main and "run_benchmark(args)" in main
+    assert 'if __name__ == "__main__":\n    cli_main()' in serving
 
 
 def test_the_module_path_and_backend(serving):
