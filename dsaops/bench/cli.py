@@ -8,6 +8,7 @@ run completed, 1 when a level or a request failed, 2 on bad input.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import urllib.parse
@@ -92,6 +93,13 @@ def positive(name: str, value, *, allow_none: bool = False) -> None:
         raise UserError(f"--{name} must be positive, not {value}")
 
 
+def writable(flag: str, path: str) -> None:
+    """Checked before a run, so that a run's result is not lost to an unwritable output path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(path):
+        raise UserError(f"{flag} {path}: cannot write there; give a file in a folder you may write to")
+
+
 def concurrency_levels(text: str) -> list[int]:
     try:
         levels = [int(v) for v in text.replace(" ", "").split(",") if v]
@@ -124,8 +132,6 @@ def reach(url: str, model: str | None, key: str | None) -> str:
 
 
 def run_serve(args) -> int:
-    from dsaops import pins
-    from dsaops import verify_probes as vp
     from dsaops.bench import capacity, generator, plot, serve_report, sweep
 
     url = server_url(args.server_url)
@@ -136,31 +142,13 @@ def run_serve(args) -> int:
     plan = capacity.from_plan(args.plan) if args.plan else None
     if args.plot:
         plot.check()
+        writable("--plot", args.plot)
     key = api_key(args.api_key_file)
     if not generator.available():
         raise UserError(generator.INSTALL_HINT)
     model = reach(url, args.model, key)
 
-    try:
-        info = vp.get_json(url + "/server_info", timeout=15, api_key=key)
-        server = capacity.from_server_info(info)
-    except vp.ProbeError as e:
-        info, server = {}, None
-        progress(f"/server_info: {e.detail}: the server's own cap is unknown")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        server = None
-        progress(f"/server_info is not SGLang {pins.SGLANG}'s shape ({type(e).__name__}: {e}): the server's own cap is unknown")
-    if args.exporter_url:
-        try:
-            exported = capacity.read_exporter(args.exporter_url, timeout=10)
-        except (OSError, ValueError) as e:
-            exported = None
-            progress(f"exporter {args.exporter_url}: {e}: using /server_info alone")
-        if exported and server:
-            server = capacity.Cap(server.total, server.per_dp, exported.binding or server.binding,
-                                  f"{server.source}; binding from the exporter")
-        elif exported:
-            server = exported
+    info, server = server_cap(url, key, args.exporter_url)
     tokenizer = args.tokenizer or _served_tokenizer(info)
     levels = levels or default_levels(server.total if server else None)
     timeout = args.timeout or 3 * args.duration + 120
@@ -185,6 +173,37 @@ def run_serve(args) -> int:
     return 1 if result.failure else 0
 
 
+def server_cap(url: str, key: str | None, exporter_url: str | None):
+    """(/server_info as read, or {}; the running-request cap the server reports, or None): the count
+    from /server_info, what binds it from the exporter when one answers (it reads the mamba cap from
+    the log). Neither is required: what is missing is said on stderr."""
+    from dsaops import pins
+    from dsaops import verify_probes as vp
+    from dsaops.bench import capacity
+
+    info, server = {}, None
+    try:
+        info = vp.get_json(url + "/server_info", timeout=15, api_key=key)
+        server = capacity.from_server_info(info)
+    except vp.ProbeError as e:
+        progress(f"/server_info: {e.detail}: the server's own cap is unknown")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        progress(f"/server_info is not SGLang {pins.SGLANG}'s shape ({type(e).__name__}: {e}): "
+                 "the server's own cap is unknown")
+    if exporter_url:
+        try:
+            exported = capacity.read_exporter(exporter_url, timeout=10)
+        except (OSError, ValueError) as e:
+            exported = None
+            progress(f"exporter {exporter_url}: {e}: using /server_info alone")
+        if exported and server:
+            server = capacity.Cap(server.total, server.per_dp, exported.binding or server.binding,
+                                  f"{server.source}; binding from the exporter")
+        elif exported:
+            server = exported
+    return (info if isinstance(info, dict) else {}), server
+
+
 def _served_tokenizer(info: dict) -> str:
     """What the server loaded its tokenizer from: a folder, or a Hugging Face id that the local cache
     holds (the generator runs with HF_HUB_OFFLINE=1 unless it is set)."""
@@ -202,6 +221,8 @@ def run_eval(args) -> int:
         positive(name.replace("_", "-"), getattr(args, name))
     positive("limit", args.limit, allow_none=True)
     reference = eval_run.read_record(args.reference, args.task) if args.reference else None
+    if args.record:
+        writable("--record", args.record)
     problems = humaneval.problems(args.limit)
     key = api_key(args.api_key_file)
     model = reach(url, args.model, key)

@@ -89,6 +89,7 @@ def test_a_silent_server_is_bounded(standin, capsys):
     (["--reference", "/nonexistent.json"], "cannot read the reference /nonexistent.json"),
     (["--reference", "{other}"], "is a 'gsm8k' run, not 'humaneval'"),
     (["--api-key-file", "{empty}"], "is empty"),
+    (["--record", "/nonexistent/run.json"], "--record /nonexistent/run.json: cannot write"),
 ])
 def test_bad_input_is_one_line_and_exit_2(standin, tmp_path, capsys, extra, message):
     other, empty = tmp_path / "other.json", tmp_path / "key"

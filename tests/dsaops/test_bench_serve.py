@@ -157,6 +157,7 @@ def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, t
     (["--server-url", "{url}", "--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: No such file"),
     (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json: cannot read"),
     (["--server-url", "{url}", "--duration", "0"], "--duration must be positive"),
+    (["--server-url", "{url}", "--plot", "/nonexistent/sweep.png"], "--plot /nonexistent/sweep.png: cannot write"),
     (["--server-url", "{url}"], "needs the model's tokenizer: pass --tokenizer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message, capsys):
