@@ -119,12 +119,15 @@ def test_a_line_cut_by_truncation_is_counted(tmp_path):
         f.stop()
 
 
-def test_missing_file_is_waited_for(tmp_path):
+def test_missing_file_is_counted_once_and_waited_for(tmp_path):
     log = tmp_path / "later.log"
     f, state, errors = follower(log)
     try:
+        assert wait_for(lambda: errors.counts()["log"] == 1, 5)
+        wait_for(lambda: False, 0.5)  # several looks: still counted once (again only after a minute)
+        assert errors.counts()["log"] == 1 and f.events["missing"] == 1
         log.write_text(kv_line(6))
         assert wait_for(lambda: "TP0" in state.kv, 5)
-        assert errors.counts()["log"] == 0
+        assert errors.counts()["log"] == 1
     finally:
         f.stop()

@@ -23,7 +23,8 @@ TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 
 @pytest.fixture
 def watched(tmp_path):
-    """A watcher (0.2 s poll, 0.5 s scan, 1.5 s grace) over a followed log, a kernel-log file and a cgroup tree."""
+    """A watcher (0.2 s poll, 0.5 s scan, 1.5 s grace, 2.5 s stop window) over a followed log, a kernel-log
+    file and a cgroup tree."""
     log, errors = LogState(), ErrorCounts()
     path = tmp_path / "sglang.log"
     path.write_text("")
@@ -31,7 +32,7 @@ def watched(tmp_path):
     kmsg_path.write_bytes(b"")
     follower = LogFollower(str(path), log, errors, poll=0.05).start()
     kmsg = KernelOomRecords(errors, str(kmsg_path), retry_s=0)
-    watcher = ProcessWatcher(errors, log, kmsg, interval=0.2, scan_interval=0.5, grace=1.5,
+    watcher = ProcessWatcher(errors, log, kmsg, interval=0.2, scan_interval=0.5, grace=1.5, stop_window=2.5,
                              cgroup_root=str(tmp_path / "cgroup")).start()
     watcher.paths = {"log": path, "kmsg": kmsg_path}
     watcher.errors = errors
@@ -121,6 +122,11 @@ def test_docker_oom_killed_names_the_cause(watched, launcher):
     (the Docker Engine's answer; test_containers reads it from a real dockerd) gives the cause."""
 
     class OomKilledContainer:
+        names = ["srv"]
+
+        def inspect(self, name):
+            return {"Id": "not-these-ranks", "State": {"Running": True, "OOMKilled": True}}
+
         def oom_killed(self):
             return True
 

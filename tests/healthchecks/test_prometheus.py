@@ -23,7 +23,7 @@ def stack(request, prometheus, fake_server, exporter_on, launcher, tmp_path):
     lch = launcher(TITLES)
     log.write_text("".join(L.line(L.kv_allocated(4922240, 32.48), (f"TP{i}",)) for i in range(4)))
     exp = exporter_on(Config(server_url=fake_server.url, node=node, log_file=str(log), interval=1.0,
-                             planned_tokens=4900000), prometheus.exporter_port)
+                             stop_window=3.0, planned_tokens=4900000), prometheus.exporter_port)
     return {"node": node, "log": log, "launcher": lch, "exporter": exp, "server": fake_server, "prom": prometheus}
 
 
