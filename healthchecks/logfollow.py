@@ -50,6 +50,14 @@ class _File:
         os.close(self.fd)
 
 
+def _ident(name: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(name)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class LogFollower(BackgroundLoop):
     def __init__(self, path: str, state: LogState, errors: ErrorCounts, poll: float = 0.25):
         super().__init__("log", errors, poll)
@@ -64,11 +72,20 @@ class LogFollower(BackgroundLoop):
 
     # -- position ----------------------------------------------------------------------------
 
+    def _names(self) -> list[str]:
+        return [self.path] + [f"{self.path}.{i}" for i in range(1, ROTATED + 1)]
+
+    def _queue_newer(self, names: list[str]) -> None:
+        """Queue the files rotated after the one being read (PATH.(i-1) … PATH.1); PATH follows."""
+        for newer in reversed(names):
+            if (opened := self._open(newer, quiet=True)) is not None:
+                self._queue.append(_File(*opened))
+
     def resume(self, position: dict | None) -> None:
         """Before start: continue where a previous exporter stopped (LogState.position)."""
         if not position:
             return
-        names = [self.path] + [f"{self.path}.{i}" for i in range(1, ROTATED + 1)]
+        names = self._names()
         for i, name in enumerate(names):
             found = self._open(name, quiet=True)
             if found is None:
@@ -84,9 +101,7 @@ class LogFollower(BackgroundLoop):
                 os.close(fd)
                 continue
             self._file = _File(fd, st, position["offset"])
-            for newer in reversed(names[1:i]):  # PATH.(i-1) … PATH.1, then PATH itself as usual
-                if (opened := self._open(newer, quiet=True)) is not None:
-                    self._queue.append(_File(*opened))
+            self._queue_newer(names[1:i])
             self.events["resumed"] += 1
             return
         self.events["reread"] += 1
@@ -140,6 +155,9 @@ class LogFollower(BackgroundLoop):
             if os.fstat(f.fd).st_size > f.offset:  # written just before the rename
                 return True
             self.events["rotated"] += 1
+            names = self._names()  # rotated more than once since the last look: the files between come first
+            where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), 1)
+            self._queue_newer(names[1:where])
             return self._next()
         if now.st_size < f.offset or os.pread(f.fd, len(f.head), 0) != f.head:  # truncated in place
             self.events["truncated"] += 1

@@ -72,13 +72,17 @@ class RotatingFile:
             if time.monotonic() < self._next_open:
                 return
             self._open()
-        if self.fd is not None and self.size + len(data) > self.max_bytes and self.size > 0:
-            cut = data.rfind(b"\n") + 1  # rotate only between lines (unless one line takes the whole file)
-            if cut or self.size >= 2 * self.max_bytes:
-                self._append(data[:cut])
-                data = data[cut:]
-                if self.fd is not None:
-                    self._rotate()
+        while self.fd is not None and self.size + len(data) > self.max_bytes:
+            # rotate between lines: after the last one that fits, else after the first one
+            cut = data.rfind(b"\n", 0, max(self.max_bytes - self.size, 0)) + 1 or data.find(b"\n") + 1
+            if not cut:  # no line ends here: go on unless one line has taken twice the limit
+                if self.size < 2 * self.max_bytes:
+                    break
+                cut = len(data)
+            self._append(data[:cut])
+            data = data[cut:]
+            if self.fd is not None:
+                self._rotate()
         self._append(data)
 
     def close(self) -> None:

@@ -19,8 +19,10 @@ A rank that vanishes (or turns zombie) is `dsa_worker_up` 0 at once; whether it 
   zombie's own status), is a clean stop;
 - its server stopping as a whole is not a death: its launcher gone, no sibling rank left, or
   the container it ran in stopped or restarted since it started. Ranks of one server may stop
-  seconds apart, so this is looked for until `stop_window` seconds have passed;
-- after that, with its launcher and a sibling still there, it died.
+  seconds apart, so this is looked for until `stop_window` seconds have passed since the last
+  rank of that server vanished;
+- after that, with its launcher and a sibling still there (a dead rank's siblings wait in NCCL
+  for minutes), it died.
 The cause: the exit code (the log's line, else the zombie's status: sigkill, …; a kernel OOM
 record for the same pid makes a sigkill `oom_kill`), else the kernel OOM record, else the
 cgroup's `memory.events` oom_kill count having grown, else Docker's `OOMKilled` for a watched
@@ -152,6 +154,7 @@ class ProcessWatcher(BackgroundLoop):
         self._dead: set[str] = set()                   # ranks whose last process died: 0 until one comes back
         self._deaths: dict[tuple[str, str], int] = {}  # (rank, cause) -> count
         self._settled: OrderedDict[tuple[int, str], None] = OrderedDict()  # processes already judged
+        self._last_vanish: dict[tuple[int, str], float] = {}  # launcher -> when one of its ranks last vanished
         self._boot = boot_id()
 
     def step(self) -> bool:
@@ -186,6 +189,8 @@ class ProcessWatcher(BackgroundLoop):
         pending = [v for v in self._vanished if not self._settle(v, now)]
         with self._lock:
             self._vanished = pending
+            if not pending:
+                self._last_vanish.clear()
 
     def _vanish(self, sched: Scheduler, now: float) -> None:
         """(under the lock) The process is gone or a zombie: the rank is down unless another
@@ -193,6 +198,7 @@ class ProcessWatcher(BackgroundLoop):
         stat = read_stat(self.proc_root, sched.pid)
         code = stat.exit_code if stat.state == "zombie" and stat.ticks == sched.ticks else None
         self._vanished.append(_Vanished(sched, now, code))
+        self._last_vanish[(sched.launcher, sched.launcher_ticks)] = now
         if not any(s.rank == sched.rank for s in self.live.values()):
             self._up[sched.rank] = 0
 
@@ -267,7 +273,8 @@ class ProcessWatcher(BackgroundLoop):
             return False
         if (self.log is not None and self.log.clean_stop_since(since)) or code == 0 or self._server_stopped(v.proc):
             return self._stopped(v.proc)
-        if now < v.seen + self.stop_window:
+        server = (v.proc.launcher, v.proc.launcher_ticks)
+        if now < max(v.seen, self._last_vanish.get(server, 0.0)) + self.stop_window:  # a stop may be under way
             return False
         return self._count(v.proc, self._refine(v, cause_of_exit_code(code)) if code is not None
                            else self._oom_cause(v))

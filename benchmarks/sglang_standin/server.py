@@ -84,16 +84,19 @@ class FakeServer:
 
 
 class Launcher:
-    def __init__(self, titles):
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "launcher.py"), *titles],
+    """launcher.py with these titles and options (its --flags, e.g. "--watchdog", "--log", path)."""
+
+    def __init__(self, titles, *options):
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "launcher.py"), *options, *titles],
                                      stdout=subprocess.PIPE, text=True)
         self.pids = json.loads(self.proc.stdout.readline())
 
-    def stop(self):
+    def stop(self, wait: bool = True):
         """A clean whole-server stop."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=10)
+            if wait:
+                self.proc.wait(timeout=60)
 
     def kill_all(self):
         for pid in [*self.pids, self.proc.pid]:

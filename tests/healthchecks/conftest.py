@@ -30,8 +30,8 @@ def fake_server():
 def launcher():
     started = []
 
-    def start(titles):
-        started.append(Launcher(titles))
+    def start(titles, *options):
+        started.append(Launcher(titles, *options))
         return started[-1]
 
     yield start

@@ -122,7 +122,7 @@ def test_docker_oom_killed_names_the_cause(watched, launcher):
     (the Docker Engine's answer; test_containers reads it from a real dockerd) gives the cause."""
 
     class OomKilledContainer:
-        names = ["srv"]
+        names = ("srv",)
 
         def inspect(self, name):
             return {"Id": "not-these-ranks", "State": {"Running": True, "OOMKilled": True}}
@@ -192,3 +192,46 @@ def test_unreadable_kernel_log_is_counted_and_retried():
     assert errors.counts()["kmsg"] == 1
     records.close()
     shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("with_log,sigterm_line", [(True, False), (True, True), (False, False)],
+                         ids=["log-without-sigterm-line", "log-with-sigterm-line", "no-log"])
+def test_ranks_stopping_seconds_apart_are_no_deaths(watched, launcher, with_log, sigterm_line):
+    """A worker node's ranks stop 1.5 s apart, 4.5 s in all, longer than the stop window (2.5 s, counted
+    from the last rank that vanished): the launcher's exit tells a whole-server stop, with or without
+    the SIGTERM line or a log."""
+    if not with_log:
+        watched.log = None
+    options = ["--stop-gap", "1.5", "--log", str(watched.paths["log"])] + (["--sigterm-line"] if sigterm_line else [])
+    lch = launcher(TITLES, *options)
+    assert ranks_up(watched, lch)
+    lch.stop()
+    assert wait_for(lambda: watched.snapshot()[0] == {}, 8), watched.snapshot()[0]
+    assert deaths(watched) == {}
+
+
+def test_negative_control_gaps_wider_than_the_window_read_as_deaths(watched, launcher):
+    watched.stop_window = watched.grace = 0.6
+    lch = launcher(TITLES[:3], "--stop-gap", "1.5")
+    assert ranks_up(watched, lch)
+    lch.stop()
+    assert wait_for(lambda: sum(deaths(watched).values()) >= 1, 5)
+
+
+def test_a_zombies_exit_status_is_the_cause(watched, launcher):
+    """A worker node's launcher joins in order: TP2, dead first, stays a zombie whose status says
+    SIGSEGV; with its launcher and siblings alive it is a death once the window has passed."""
+    lch = launcher(TITLES[:3], "--join-in-order")
+    assert ranks_up(watched, lch)
+    os.kill(lch.pids[2], signal.SIGSEGV)
+    assert wait_for(lambda: watched.snapshot()[0].get("TP2") == 0, 3)  # down at once
+    assert deaths(watched) == {}  # judged only after the window
+    assert wait_for(lambda: deaths(watched) == {("TP2", "sigsegv"): 1}, 5), deaths(watched)
+
+
+def test_a_rank_that_exits_0_alone_is_no_death(watched, launcher):
+    lch = launcher(TITLES[:3], "--join-in-order")
+    assert ranks_up(watched, lch)
+    os.kill(lch.pids[1], signal.SIGTERM)  # the stand-in exits 0 on SIGTERM; its zombie says so
+    assert wait_for(lambda: "TP1" not in watched.snapshot()[0], 5), watched.snapshot()[0]
+    assert deaths(watched) == {}
