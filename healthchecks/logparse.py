@@ -182,6 +182,11 @@ class LogState:
             return rec[0], rec[2]
         return None
 
+    def forget_exit(self, pid: int) -> None:
+        """A line serves one process: pids repeat (a restarted container numbers its processes alike)."""
+        with self.lock:
+            self.exits.pop(pid, None)
+
     def clean_stop_since(self, since: float) -> bool:
         """A clean-stop line (`SIGTERM received…`) written after `since`."""
         with self.lock:

@@ -49,6 +49,7 @@ from dsaops.healthchecks.oom import KernelOomRecords, cgroup_of, cgroup_oom_kill
 TITLE = re.compile(r"^sglang::scheduler(?:_(\S+))?$")
 COMM_PREFIX = "sglang::schedul"  # setproctitle also sets comm, cut to 15 bytes: cheap to scan
 SETTLED_KEEP = 4096
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CATCH_UP_WAIT_S = 120.0  # a vanished rank waits this long at most for the log to be read to its end
 
 
@@ -92,12 +93,16 @@ def ns_pid_of(proc_root: str, pid: int) -> int:
     return pid
 
 
-def boot_id() -> str:
+def _read(path: str) -> str:
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+        with open(path) as f:
+            return f.read()
     except OSError:
         return ""
+
+
+def boot_id() -> str:
+    return _read("/proc/sys/kernel/random/boot_id").strip()
 
 
 def rank_of_title(title: str) -> str | None:
@@ -233,8 +238,9 @@ class ProcessWatcher(BackgroundLoop):
                               cgroup_of(pid, self.proc_root))
             if containers is None:
                 containers = self._containers()
+            groups = _read(f"{self.proc_root}/{pid}/cgroup")  # every hierarchy: v1 hosts name the container there
             for name, (cid, started_at) in containers.items():
-                if sched.cgroup and cid in sched.cgroup:
+                if cid in groups:
                     sched.container, sched.container_started = name, started_at
             seen[pid] = sched
         return seen
@@ -266,6 +272,12 @@ class ProcessWatcher(BackgroundLoop):
             return True
         since = math.floor(v.proc.started) - 1  # log times have whole seconds
         reported = self.log.exit_of(v.proc.ns_pid, since) if self.log else None
+        done = self._judge(v, now, since, reported)
+        if done and reported:
+            self.log.forget_exit(v.proc.ns_pid)
+        return done
+
+    def _judge(self, v: _Vanished, now: float, since: float, reported: tuple[int, bool] | None) -> bool:
         code = reported[0] if reported else v.exit_code
         if reported and reported[1]:  # the watchdog's "crashed" line
             return self._count(v.proc, self._refine(v, cause_of_exit_code(code)))
@@ -306,7 +318,7 @@ class ProcessWatcher(BackgroundLoop):
         return cause
 
     def _oom_cause(self, v: _Vanished) -> str:
-        if self.kmsg is not None and self.kmsg.was_killed(v.proc.pid):
+        if self.kmsg is not None and self.kmsg.was_killed(v.proc.pid, int(v.proc.ticks or 0) / CLOCK_TICKS):
             return "oom_kill"
         grew = self._oom_grew_at.get(v.proc.cgroup)
         if grew is not None and grew >= v.seen - 2 * self.interval:

@@ -61,5 +61,10 @@ def dockerd():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # A container on the host's network leaves dockerd's bind of the host network namespace behind.
+        with open("/proc/mounts") as mounts:
+            left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
+        for mount in sorted(left, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False)
         # vfs keeps a full copy of the root filesystem per layer: rm is much faster than shutil.rmtree here.
         subprocess.run(["rm", "-rf", str(root)], check=False)

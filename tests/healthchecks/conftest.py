@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.parse
@@ -117,3 +119,37 @@ def exporter_on(request):
         server.shutdown()
         server.server_close()
         exp.stop()
+
+
+HOST_IMAGE = "dsaops-test/host-python:1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def host_image(dockerd):
+    """An image that runs this checkout's Python and `dsaops` (no registry here, and no serving image
+    to build): busybox, /lib and /lib64 pointing into /usr, and `host_mounts` bind the host's /usr,
+    the interpreter's prefix and the checkout in read-only. Containers of it are real containers:
+    their own PID namespace, cgroup and restart policy."""
+    need(shutil.which("busybox"), "busybox (apt-get install busybox-static)")
+    with tempfile.TemporaryDirectory(prefix="dsaops-hostimg-") as tmp:
+        root = Path(tmp)
+        (root / "bin").mkdir()
+        shutil.copy(shutil.which("busybox"), root / "bin" / "busybox")
+        (root / "bin" / "sh").symlink_to("busybox")
+        for link in ("lib", "lib64"):
+            (root / link).symlink_to(f"usr/{link}")
+        for folder in ("usr", "tmp", "etc", "proc", "sys", "dev", "run"):
+            (root / folder).mkdir(exist_ok=True)
+        (root / "tmp").chmod(0o1777)
+        tar = subprocess.run(["tar", "-C", tmp, "-c", "."], capture_output=True, check=True).stdout
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    subprocess.run(["docker", "import", "--change", f"ENV PATH={path}", "--change", f"ENV PYTHONPATH={REPO}", "-",
+                    HOST_IMAGE], env=dockerd, input=tar, capture_output=True, check=True, timeout=120)
+    return HOST_IMAGE
+
+
+def host_mounts() -> tuple[str, ...]:
+    """Read-only binds that let a host_image container run this checkout's Python."""
+    folders = {"/usr", sys.base_prefix, str(REPO)}
+    return tuple(arg for folder in sorted(folders) for arg in ("--volume", f"{folder}:{folder}:ro"))

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -93,11 +94,22 @@ def test_kernel_oom_record_names_the_cause(watched, launcher):
     lch = launcher(TITLES)
     assert ranks_up(watched, lch)
     victim = lch.pids[3]
-    append(watched.paths["kmsg"], f"3,2201,9911223,-;Out of memory: Killed process {victim} (python3) "
+    since_boot_us = int(time.clock_gettime(time.CLOCK_BOOTTIME) * 1e6)
+    append(watched.paths["kmsg"], f"3,2201,{since_boot_us},-;Out of memory: Killed process {victim} (python3) "
                                   "total-vm:9000kB, anon-rss:8000kB\n")
     os.kill(victim, signal.SIGKILL)
     append(watched.paths["log"], L.line(L.crashed("scheduler_3", victim, -9)))
     assert wait_for(lambda: deaths(watched) == {("TP3", "oom_kill"): 1}, 5), deaths(watched)
+
+
+def test_an_older_oom_record_for_a_reused_pid_is_not_the_cause(watched, launcher):
+    lch = launcher(TITLES)
+    assert ranks_up(watched, lch)
+    victim = lch.pids[1]
+    append(watched.paths["kmsg"], f"3,2201,1000000,-;Out of memory: Killed process {victim} (python3)\n")  # at boot
+    os.kill(victim, signal.SIGKILL)
+    append(watched.paths["log"], L.line(L.crashed("scheduler_1", victim, -9)))
+    assert wait_for(lambda: deaths(watched) == {("TP1", "sigkill"): 1}, 5), deaths(watched)
 
 
 def test_cgroup_oom_kill_count_names_the_cause(watched, launcher, tmp_path):
