@@ -46,12 +46,16 @@ class Prometheus:
     every second; each test's exporter takes that port in turn, with its own `node`."""
 
     def __init__(self, tmp: Path, exporter_port: int):
+        from dsaops.healthchecks.scrape import exporter_job
+
         self.exporter_port = exporter_port
         self.port = free_port()
+        self.job = exporter_job()  # the job the rules select, as the playbook's configuration names it
         config = tmp / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"scrape_configs:\n  - job_name: dsaops\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+            f"scrape_configs:\n  - job_name: {self.job}\n    honor_labels: true\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
         self.log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",

@@ -80,7 +80,7 @@ def test_garbage_in_keeps_serving_counts_and_recovers(stack):
     server.raw = b'{"model_path": "zai-org/GLM-5.3-Fl'  # truncated JSON
     assert seen(stack, sel(stack, "dsa_server_up"), 0.0, timeout=8)
     assert prom.value(errors) > before
-    assert prom.value(f'up{{job="dsaops",instance="127.0.0.1:{prom.exporter_port}"}}') == 1
+    assert prom.value(f'up{{job="{prom.job}",instance="127.0.0.1:{prom.exporter_port}"}}') == 1
     server.raw = None
     assert seen(stack, sel(stack, "dsa_server_up"), 1.0, timeout=8)
 
@@ -95,4 +95,4 @@ def test_garbage_in_keeps_serving_counts_and_recovers(stack):
 
     server.close()  # server down
     assert seen(stack, sel(stack, "dsa_server_up"), 0.0, timeout=8)
-    assert prom.value(f'up{{job="dsaops",instance="127.0.0.1:{prom.exporter_port}"}}') == 1
+    assert prom.value(f'up{{job="{prom.job}",instance="127.0.0.1:{prom.exporter_port}"}}') == 1

@@ -9,6 +9,10 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}
   dsaops_target | dsaops_image(registry=)
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
+  settings | dsaops_exporter_containers
+      [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
+  rule_files | dsaops_exporter_job
+      the scrape job name the packaged alert rules select (dsaops.healthchecks.scrape)
 
 `preflight_cluster` is the inventory's cluster-wide settings as preflight/tasks/inventory.yml
 records them. The dsaops package is imported from this checkout (the folder that holds
@@ -22,6 +26,8 @@ if (_CHECKOUT / "dsaops" / "__init__.py").is_file() and str(_CHECKOUT) not in sy
     sys.path.insert(0, str(_CHECKOUT))
 
 # importable only once the checkout is on the path
+from dsaops.healthchecks import deploy, scrape
+
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -67,6 +73,17 @@ def image(target, *, registry=""):
     return image_name(str(target), registry=str(registry or ""))
 
 
+def exporter_containers(settings):
+    fields = {**settings, "server_port": int(settings["server_port"]), "kmsg": bool(settings["kmsg"]),
+              "plan": settings.get("plan") or None}
+    return deploy.containers(deploy.ExporterDeployment(**fields))
+
+
+def exporter_job(rule_files):
+    return scrape.exporter_job([str(path) for path in rule_files])
+
+
 class FilterModule:
     def filters(self):
-        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image}
+        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image,
+                "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_job": exporter_job}
