@@ -57,7 +57,7 @@ class KernelOomRecords:
         """An OOM record for `pid` written after `since_boot_s` (the process's start: the kernel log
         keeps records of processes that had the pid before)."""
         self.refresh()
-        return self.killed.get(pid, -1.0) >= since_boot_s - 1
+        return pid in self.killed and self.killed[pid] >= since_boot_s - 1
 
     def _open(self) -> bool:
         now = time.monotonic()

@@ -81,13 +81,15 @@ def test_sigkill_with_the_watchdog_line_is_one_death(watched, launcher):
     assert deaths(watched) == {("TP1", "sigkill"): 1}
 
 
-def test_sigkill_without_a_line_is_unknown_once(watched, launcher):
+def test_sigkill_without_a_line_is_counted_once(watched, launcher):
     lch = launcher(TITLES)
     assert ranks_up(watched, lch)
     os.kill(lch.pids[2], signal.SIGKILL)
-    assert wait_for(lambda: deaths(watched) == {("TP2", "unknown"): 1}, 5), deaths(watched)
+    # unknown, or sigkill when a poll saw the zombie before the launcher reaped it (0.1 s)
+    assert wait_for(lambda: set(deaths(watched)) in ({("TP2", "unknown")}, {("TP2", "sigkill")}), 5), deaths(watched)
+    first = deaths(watched)
     wait_for(lambda: False, 2)
-    assert deaths(watched) == {("TP2", "unknown"): 1}
+    assert deaths(watched) == first and sum(first.values()) == 1
 
 
 def test_kernel_oom_record_names_the_cause(watched, launcher):
