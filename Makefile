@@ -5,7 +5,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# A CPU build of torch for the test venv (this machine's pip takes it from local disk).
+# A CPU build of torch for the test venv (this machine's pip takes it from local disk). The
+# kernels extra brings the pinned TileLang: the CPU tests compile the decode kernels with nvcc.
 TORCH ?= torch==2.13.0
 TEST_REQS := $(sort $(wildcard tests/requirements/*.txt))
 STAMP := $(VENV)/.installed
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml $(TEST_REQS)
 	@echo "== creating $(VENV) (torch CPU, the project and its test needs)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[test,exporter,deploy]' $(addprefix -r ,$(TEST_REQS))
+	$(PY) -m pip install -q -e '.[test,exporter,deploy,kernels]' $(addprefix -r ,$(TEST_REQS))
 	touch $@
 
 venv: $(STAMP) ## create or refresh the virtual environment (.venv)

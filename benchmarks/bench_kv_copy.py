@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("bench_kv_copy: no CUDA GPU here; run it on the H200 machine", file=sys.stderr)
+        print("bench_kv_copy: no CUDA GPU here; run it on a CUDA GPU host", file=sys.stderr)
         return 2
     results = run(rows=args.rows, sweep=not args.no_sweep)
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": results}, indent=1))

@@ -1,6 +1,6 @@
 """Accuracy of raw vs per-row-scaled fp8 KV for sparse-MLA decode (the issue's stretch question).
 
-    PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py [--seeds N] [--kernels]
+    PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py [--seeds N] [--kernels] [--out FILE]
 
 Truth is the fp32 decode over bf16 KV; each fp8 variant decodes the same bf16 q over its KV. KV
 rows are N(0, sigma) with a few outlier channels scaled up, as MLA latents have. By default (CPU)
@@ -8,12 +8,17 @@ both variants are dsaops.kernels.reference, so only the KV format differs: raw f
 clamped to +-448 (no NaN), row-scaled is reference.quantize_rows_scaled. With --kernels (a GPU)
 they are the real kernels: write_kv_fp8 into a raw and a row-scaled pool, sparse_mla_decode_fp8
 over each (which also rounds q to fp8, so both errors include that). Prints a markdown table
-(relative error, norm-wise, the mean over --seeds draws of KV, q and indices).
+(relative error, norm-wise, the mean over --seeds draws of KV, q and indices) and writes it to
+benchmarks/fp8-row-scale-cpu.json (--kernels: fp8-row-scale-gpu.json) for benchmarks/report.py.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+
+from benchmarks.run_info import gpu_machine, run_info
 
 D, TOPK, SLOTS, S, H = 512, 2048, 8192, 8, 16
 OUTLIER_CHANNELS = 8
@@ -60,13 +65,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--kernels", action="store_true", help="the GPU kernels instead of the references")
+    p.add_argument("--out", help="result JSON (default benchmarks/fp8-row-scale-cpu.json, --kernels: -gpu.json)")
     args = p.parse_args(argv)
+
+    command = f"PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py --seeds {args.seeds}"
+    if args.kernels:
+        result = {**run_info(command + " --kernels", gpu_machine()), "decode": "kernels"}
+    else:
+        result = {**run_info(command), "decode": "fp32 reference"}
+    result |= {"seeds": args.seeds, "slots": SLOTS, "topk": TOPK, "S": S, "H": H, "d": D,
+               "outlier_channels": OUTLIER_CHANNELS, "cases": []}
     print("| KV sigma | outlier channels x | raw fp8 error | row-scaled fp8 error |")
     print("| --- | --- | --- | --- |")
     for sigma, outlier in CASES:
         runs = [errors(sigma, outlier, seed, args.kernels) for seed in range(args.seeds)]
         raw, scaled = (sum(r[i] for r in runs) / len(runs) for i in (0, 1))
+        result["cases"].append({"sigma": sigma, "outlier": outlier, "raw_err": round(raw, 5),
+                                "row_scaled_err": round(scaled, 5)})
         print(f"| {sigma} | {outlier:g} | {100 * raw:.2f}% | {100 * scaled:.2f}% |", flush=True)
+    out = Path(args.out or Path(__file__).with_name(f"fp8-row-scale-{'gpu' if args.kernels else 'cpu'}.json"))
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

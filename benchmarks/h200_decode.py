@@ -1,157 +1,192 @@
-"""Decode benchmark on one H200: dsaops' raw-fp8 kernel against SGLang 0.5.23's TileLang kernels.
+"""Decode benchmark on one H200: dsaops' raw-fp8 kernel against FlashMLA and SGLang 0.5.23's kernels.
 
-    PYTHONPATH=. python3 benchmarks/h200_decode.py --sglang-root DIR [--out benchmarks/h200-decode.json]
+    PYTHONPATH=. python3 benchmarks/h200_decode.py --sglang-root DIR [--sections S...] [--skip S...]
+    python3 benchmarks/h200_decode.py --dry-run [--out FILE]   # no GPU: fake timings, never the results file
+    python3 benchmarks/report.py --decode FILE --out PAGE      # a dry run's page, marked fake
 
-DIR holds `sglang/kernels/ops/attention/dsa/tilelang_kernel.py` from the pinned wheel (loaded as
-a baseline with small stand-ins for its two SGLang imports, never copied). Geometry: GLM-5.3-Flash
-NoPE MLA (d_v=512, d_tail=0), top-k 2048, a 1,048,576-row pool, random distinct indices per query.
-GPU time = median of CUDA-graph replays (20 calls a graph); eager host cost = wall time per call of
-back-to-back eager calls (the GPU never stalls the host there), the least (and the median) of 15
-runs, the garbage collector off as in `timeit`. The roofline is the larger of the fp8 rows read
-once over the measured copy bandwidth and the FLOPs over the measured fp8 matmul rate. Kernels
-compile first in parallel processes (cached in TILELANG_CACHE_DIR).
-Prints a table last; writes the JSON schema of issue 7.
+DIR holds `sglang/kernels/ops/attention/dsa/tilelang_kernel.py` from the pinned wheel (loaded as a
+baseline, kernels/peers.py); FlashMLA's `flash_mla` package (the sgl-flash-mla wheel, unzipped) must
+be importable. Geometry: GLM-5.3-Flash NoPE MLA (d_v 512, d_tail 0), top-k 2048, a 1,048,576-row
+pool of outlier-channel data (kernels/accuracy.py: KV N(0, 0.5^2), channels 0-7 x8), random
+distinct rows per query. sm_scale 512^-0.5.
+
+Timing (kernels/timing.py): GPU time = median of CUDA-graph replays. The headline (`dsaops_fp8_us`
+and every peer's column) is ROTATED: the graph cycles through input sets of q and indices such that
+at least 256 MiB of other rows and indices are read between two calls of one set, so no call finds
+its rows in L2, as in a server. `same_input_us` replays one input set (its rows stay in L2). Eager
+host cost = wall time per call of back-to-back eager calls, least and median of 15 runs. Roofline =
+max(fp8 rows read once / copy bandwidth, FLOPs / fp8 matmul rate), both measured in the run.
+FlashMLA runs as SGLang's DSA backend calls it for an fp8 cache (V32_NO_ROPE, heads padded to 64 or
+128; the padding is done once per input set, not timed). Errors (kernels/accuracy.py) are against
+fp32 attention over the bf16 KV with bf16 q; `rel_err` is the kernel-only error, against fp32
+attention over the same raw fp8 KV and bf16 q.
+
+Sections, in this order (all by default; --sections picks, --skip drops; JSON written after each):
+  compile   every kernel this run and `make test-gpu` need, in parallel processes, into the TileLang
+            cache (dsaops sm_90 raw and row-scaled tiles with the merges, the sm_121 proxy, SGLang's
+            kernels of the cases grid)
+  cases     H x S grid: dsaops rotated and same-input, SGLang fp8 and bf16, FlashMLA, errors, host
+  accuracy  the three data kinds: dsaops, dsaops fed an e4m3-rounded q, FlashMLA, fp32 references
+  short     short contexts at H=64: 300 / 1024 / 2048 valid top-k rows, -1 tails (and topk_length)
+  sweep     dsaops over S (H=64; fewer points at 16 and 32): us and % of roofline, and the PNG
+  proxy     sm_121's tiles built for sm_90a without wgmma, against SGLang's fp8 kernel (a proxy on
+            the H200, not a GB10 figure), and the GB10 memory floor (273 GB/s)
+  kvcopy    write_kv_fp8 / gather_kv_rows bandwidth (benchmarks/bench_kv_copy.py)
+
+Time budget on an H200 host with 16 cores, estimated from the previous run's numbers (each
+graph timing ~0.4 s: capture, 200 ms of replays; SGLang's fp8 kernel up to 2.3 ms a call at H=128):
+  setup (imports, 1M-row pool in three formats, ceilings)    ~10 s
+  compile   ~55 kernels on 16 processes (one took 30-36 s on a busy 2-core machine): 90-180 s cold,
+            ~15 s warm (cache loads)
+  cases     16 cases x 5 timings + host + errors              ~40 s
+  accuracy  9 rows                                            ~5 s
+  short     2 S x 3 valid x 2 timings                         ~6 s
+  sweep     37 points + the plot                              ~16 s
+  proxy     16 timings                                        ~8 s
+  kvcopy    16 timings                                        ~5 s
+so `make bench` takes ~4 min cold and ~2 min warm. Tests and benchmark in one call of ~7 min, the
+kernels compiled once for both:
+    make bench BENCH_ARGS="--sections compile" && make test-gpu; make bench BENCH_ARGS="--skip compile"
+The JSON (benchmarks/h200-decode.json; a dry run's: a temp file) is written after each section, the
+sweep PNG beside it (report.sweep_plot); it holds the raw numbers and the run's date, commit, machine
+and command. The targets are benchmarks/report.py's, judged from those numbers: each section prints
+its elapsed time, and the cases table and each target's verdict print last, as BENCHMARKS.md gives
+them.
 """
 from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import importlib.util
+import inspect
 import json
 import os
+import shlex
 import sys
+import tempfile
 import time
-import types
 from concurrent.futures import ProcessPoolExecutor
 
-HEADS = (16, 32, 64)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: `benchmarks`
+from benchmarks.report import DECODE_TARGETS, sweep_plot
+from benchmarks.run_info import gpu_machine, run_info
+
+HEADS = (16, 32, 64, 128)
 BATCHES = (1, 16, 64, 256)
 TOPK = 2048
 D_V = 512
 SLOTS = 1 << 20
-SGLANG_KERNEL = ("sglang", "kernels", "ops", "attention", "dsa", "tilelang_kernel.py")
+SM_SCALE = D_V**-0.5
+ACCURACY_HEADS = (16, 64, 128)
+ACCURACY_BATCH = 16
+ACCURACY_SLOTS = 1 << 16
+SHORT_HEADS = 64
+SHORT_BATCHES = (16, 64)
+SHORT_VALID = (300, 1024, TOPK)
+SWEEP = {64: (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 100, 128, 160, 192, 256, 320, 384, 448, 512),
+         16: (1, 16, 32, 64, 100, 128, 192, 256, 512),
+         32: (1, 16, 32, 64, 100, 128, 192, 256, 512)}
+GB10_BYTES_S = 273e9  # GB10's LPDDR5X
+ROW_BYTES = D_V + 4   # a top-k row read: its fp8 values and its int32 id
+SECTIONS = ("compile", "cases", "accuracy", "short", "sweep", "proxy", "kvcopy")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-decode.json")
+PROXY_LABEL = "sm_121 tiles built for sm_90a without wgmma, timed on the H200: a proxy, not a GB10 figure"
+METHOD = {
+    "timing": "GPU us a call, median of CUDA-graph replays; *_us of every kernel rotated: input sets cycled so that "
+              ">= 256 MiB of other rows and ids are read between two calls of one set (cold L2); same_input_us: one "
+              "set replayed (warm L2)",
+    "data": "pool of 1,048,576 rows, KV N(0, 0.5^2) with channels 0-7 x8 (outlier channels), q N(0, 1); top-k 2048 "
+            "distinct random rows a query; d 512, sm_scale 512^-0.5",
+    "errors": "relative, norm-wise: err_vs_bf16 against fp32 attention over the bf16 KV with bf16 q; raw_kv_floor: "
+              "fp32 attention over the raw fp8 KV with bf16 q, against the same; rel_err: the kernel against that "
+              "floor's output (kernel-only error)",
+    "flashmla": "sgl-flash-mla 1.0.0, V32_NO_ROPE, use_legacy, heads padded to 64 or 128 once per input set (SGLang "
+                "pads on every call; not timed here)",
+    "roofline": "max(fp8 rows read once / measured copy bandwidth, FLOPs / measured fp8 matmul rate)",
+}
+# The grid of a --dry-run (CPU references stand in for the kernels; keep it small)
+DRY = {"heads": (16, 64), "batches": (1, 2), "slots": 4096, "rotate_bytes": 1 << 20, "accuracy_heads": (16,),
+       "accuracy_batch": 2, "short_batches": (2,), "sweep": {64: (1, 2, 4), 16: (1, 2)}}
 
 
-def load_sglang(root):
-    """SGLang's tilelang_kernel.py with stand-ins for the SGLang helpers it imports (CUDA answers)."""
-    stand_ins = {
-        "sglang": {}, "sglang.kernels": {}, "sglang.kernels.ops": {}, "sglang.kernels.ops.quantization": {},
-        "sglang.kernels.ops.quantization.fp8_kernel": {"is_fp8_fnuz": lambda: False},
-        "sglang.srt": {}, "sglang.srt.utils": {"is_hip": lambda: False, "is_gfx95_supported": lambda: False},
-    }
-    saved = {name: sys.modules.get(name) for name in stand_ins}
-    try:
-        for name, attrs in stand_ins.items():
-            mod = types.ModuleType(name)
-            mod.__dict__.update(attrs)
-            sys.modules[name] = mod
-        spec = importlib.util.spec_from_file_location("sglang_baseline_tilelang", os.path.join(root, *SGLANG_KERNEL))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = old
+class UserError(Exception):
+    """Bad input or a missing prerequisite: one line that says what to change, exit 2."""
 
 
-def graph_us(fn, calls=20):
-    """Median GPU time of one call of fn, from CUDA-graph replays (host overhead excluded)."""
-    import torch
-    import triton
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    ms = triton.testing.do_bench(graph.replay, warmup=10, rep=200, return_mode="median")
-    return ms * 1000 / calls
+class ProxyMissing(Exception):
+    pass
 
 
-def host_us(fn, calls=200, repeats=15):
-    """Host wall time per eager call: (least, median) of `repeats` runs of `calls` back-to-back
-    calls, with the garbage collector off as `timeit` does. The device machine's host is shared:
-    the same code read 18-36 us in one run and 27-53 us in the next, so the least of many runs is
-    the code's cost and the median shows the neighbours. Each call enqueues far less GPU work than
-    the launch queue holds, so the host never waits for the GPU."""
-    import statistics
-
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    runs = []
-    gc.disable()
-    try:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            runs.append((time.perf_counter() - t0) * 1e6 / calls)
-            torch.cuda.synchronize()
-    finally:
-        gc.enable()
-    return min(runs), statistics.median(runs)
+def sm121_proxy():
+    """The sm_121 proxy build: sm_121's decode tiles compiled for sm_90a without wgmma, run on the
+    H200. Returns (jobs, decode): `jobs` are (function, argument) pairs the compile section runs in
+    worker processes to put the proxy's kernels into the TileLang cache, and decode(q, kv, indices,
+    sm_scale) returns the proxy's output [S, H, 512] bf16. The kernels' API for it is wired here."""
+    raise ProxyMissing("this checkout's kernels have no sm_121 proxy build to wire here")
 
 
-def ceilings():
-    """(copy TB/s counting read + write, fp8 torch._scaled_mm TFLOP/s at 8192^3), measured here."""
-    import torch
-    import triton
-
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(functools.partial(dst.copy_, src), warmup=25, rep=200, return_mode="median")
-    copy_tb_s = 2 * n / (ms * 1e-3) / 1e12
-    src = dst = None  # free 2 GiB before the matmul
-    m = 8192
-    a = torch.randn((m, m), device="cuda").to(torch.float8_e4m3fn)
-    b = torch.randn((m, m), device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
-    one = torch.ones((), device="cuda")
-    ms = triton.testing.do_bench(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-                                 warmup=25, rep=200, return_mode="median")
-    return copy_tb_s, 2 * m**3 / (ms * 1e-3) / 1e12
-
-
-def _case_inputs(S, H, kv, seed):
-    import torch
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn((S, H, D_V), generator=g, device="cuda", dtype=torch.bfloat16)
-    idx = torch.stack([torch.randperm(kv.shape[0], generator=g, device="cuda")[:TOPK] for _ in range(S)])
-    return q, idx[:, None, :].to(torch.int32).contiguous()
-
+# ---- compile: worker jobs (module level, so spawned processes can run them)
 
 def _warm_sglang(job):
-    """Compile SGLang's kernels for one case in a worker (lands in TILELANG_CACHE_DIR)."""
+    """Compile SGLang's kernels for one case in a worker (lands in TileLang's cache)."""
     import torch
+    from dsaops.kernels import accuracy, peers
 
     root, H, S, fp8 = job
-    sgl = load_sglang(root)
+    sgl = peers.load_sglang(root)
+    g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn((4096, 1, D_V), device="cuda").to(torch.float8_e4m3fn if fp8 else torch.bfloat16)
-    q, idx = _case_inputs(S, H, kv, 0)
-    sgl.tilelang_sparse_fwd(q, kv, idx, D_V**-0.5, d_v=D_V)
+    idx = accuracy.random_indices(S, 4096, TOPK, g, "cuda")
+    sgl.tilelang_sparse_fwd(torch.randn((S, H, D_V), device="cuda", dtype=torch.bfloat16), kv, idx, SM_SCALE,
+                            d_v=D_V)
     torch.cuda.synchronize()
     return job
 
 
 def _warm_dsaops(job):
-    """Compile one (tile or merge, d_tail) of dsaops' sm_90 kernels in a worker, through the CLI's build."""
-    from dsaops.kernels import cli
+    """Compile one (tile or merge, d_tail) of dsaops' sm_90 kernels in a worker, raw or row-scaled."""
+    from dsaops.kernels.build import build
 
-    return cli.build("sm_90", jobs=[job], workers=1)
+    tile, d_tail, row_scaled = job
+    return build("sm_90", jobs=[(tile, d_tail)], workers=1, row_scaled=row_scaled)
+
+
+def compile_jobs(sglang_root, heads, batches, extra_tiles=(), proxy_jobs=()):
+    """(function, argument) pairs: every dsaops sm_90 kernel the dispatch can choose (both d_tails,
+    raw and row-scaled: what `make test-gpu` runs), `extra_tiles`, the proxy's, SGLang's per case."""
+    from dsaops.kernels import tiles
+
+    from dsaops import targets
+
+    target = targets.get("sm_90")
+    raw = sorted({(t, dt) for _, dt, t in tiles.configurations(target)} | {(t, 0) for t in extra_tiles}, key=str)
+    scaled = sorted({(t, dt) for _, dt, t in tiles.configurations(target, row_scaled=True)}, key=str)
+    jobs = [(_warm_dsaops, (t, dt, False)) for t, dt in raw] + [(_warm_dsaops, (t, dt, True)) for t, dt in scaled]
+    jobs += [(_warm_dsaops, (c, None, False)) for c in tiles.COMBINES] + list(proxy_jobs)
+    if sglang_root:
+        jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in heads]  # bf16 kernel: no split, S-free
+        jobs += [(_warm_sglang, (sglang_root, H, S, True)) for H in heads for S in batches]
+    return jobs
+
+
+def run_jobs(jobs, workers):
+    """Run compile jobs in `workers` spawned processes. A dsaops or proxy kernel that fails to build
+    stops the run; a peer's is reported (its timing then records the error)."""
+    import multiprocessing
+
+    failed = []
+    with ProcessPoolExecutor(max(1, min(workers, len(jobs))), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [(fn, arg, pool.submit(fn, arg)) for fn, arg in jobs]
+        for fn, arg, future in futures:
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001 - reported below with the job that raised it
+                if fn is not _warm_sglang:
+                    raise RuntimeError(f"{fn.__name__}{arg}: {type(e).__name__}: {e}") from None
+                failed.append(f"SGLang {arg[1:]}: {type(e).__name__}: {str(e)[-200:]}")
+    for line in failed:
+        print("compile failed:", line, flush=True)
+    return failed
 
 
 def parse_tile(spec):
@@ -164,148 +199,586 @@ def parse_tile(spec):
                 v_in_registers=kind == ["vr"])
 
 
-def precompile(sglang_root, workers, extra_tiles=()):
-    """Compile dsaops' sm_90 kernels (the dispatch's and `extra_tiles`) and SGLang's per-case kernels
-    in parallel processes."""
-    import multiprocessing
+# ---- what a section runs on: the GPU, or CPU stand-ins with fake timings (--dry-run)
 
-    from dsaops.kernels import tiles
+class GpuTimer:
+    def __init__(self):
+        from dsaops.kernels import timing
 
-    from dsaops import targets
+        self.timing = timing
 
-    target = targets.get("sm_90")
-    chosen = [t for _, dt, t in tiles.configurations(target) if dt == 0 and not t.warp_specialized]
-    ours = sorted({(t, 0) for t in chosen + list(extra_tiles)}, key=str)
-    ours += [(c, None) for c in tiles.COMBINES]
-    jobs = [(_warm_dsaops, job) for job in ours]
-    if sglang_root:
-        jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in HEADS]  # bf16 kernel: no split, S-free
-        jobs += [(_warm_sglang, (sglang_root, H, S, True)) for H in HEADS for S in BATCHES]
-    t0 = time.time()
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        for f in [pool.submit(fn, arg) for fn, arg in jobs]:
-            f.result()
-    print(f"precompiled {len(jobs)} kernel sets in {time.time() - t0:.0f} s", flush=True)
+    def same(self, fn):
+        return round(self.timing.graph_us(fn), 2)
+
+    def rotated(self, fns):
+        return round(self.timing.rotated_us(fns), 2)
+
+    def host(self, fn):
+        return tuple(round(x, 2) for x in self.timing.host_us(fn))
+
+    def ceilings(self):
+        return self.timing.ceilings()
 
 
-def kv_copy_rows(copy_tb_s):
-    """kernels-copy's write/gather rows at 65,536 rows (benchmarks/bench_kv_copy.py), if present."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_kv_copy.py")
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location("bench_kv_copy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run(copy_tb_s=copy_tb_s)
+class FakeTimer:
+    """A dry run's timer: makes each call once (the plumbing runs) and returns a FAKE time."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def _fake(self, fn):
+        fn()
+        self.calls += 1
+        return round(10.0 + self.calls % 50, 2)
+
+    def same(self, fn):
+        return self._fake(fn)
+
+    def rotated(self, fns):
+        if len(fns) < 2:
+            raise ValueError("a rotation needs at least two input sets")
+        return self._fake(fns[-1])
+
+    def host(self, fn):
+        us = self._fake(fn)
+        return us, us
+
+    def ceilings(self):
+        return 4.0, 1200.0
 
 
-def markdown(result) -> str:
-    """The BENCHMARKS.md table of a result JSON (`--markdown FILE` prints it)."""
-    lines = [(f"GPU: {result['gpu']}; copy {result['copy_tb_s']} TB/s (read + write), fp8 `torch._scaled_mm` "
-             f"{result['fp8_mm_tflops']} TFLOP/s; top-k {TOPK}, d_v {D_V}, d_tail 0, {SLOTS:,}-row pool."), "",
-             ("| H | S | dsaops fp8 µs | SGLang fp8 µs | SGLang bf16 µs | roofline µs | % of roofline "
-             "| vs SGLang fp8 | vs SGLang bf16 | eager host µs (least / median of 15 runs) |"),
-             "| " + " | ".join(["---"] * 10) + " |"]
-    for c in result["cases"]:
-        ours = c["dsaops_fp8_us"]
-        ratio = [f"{c[k] / ours:.2f}x" if c.get(k) else "-" for k in ("sglang_fp8_us", "sglang_bf16_us")]
-        lines.append(f"| {c['H']} | {c['S']} | {ours} | {c['sglang_fp8_us']} | {c['sglang_bf16_us']} | "
-                     f"{c['roofline_us']} | {100 * c['roofline_us'] / ours:.0f}% | {ratio[0]} | {ratio[1]} | "
-                     f"{c['eager_host_us']} / {c.get('eager_host_us_median', '-')} |")
-    return "\n".join(lines)
+def _dsaops_gpu(q, kv, indices, topk_length=None):
+    from dsaops.kernels import sparse_mla_decode_fp8
+
+    if topk_length is None:
+        return sparse_mla_decode_fp8(q, kv, indices, SM_SCALE)
+    return sparse_mla_decode_fp8(q, kv, indices, SM_SCALE, topk_length=topk_length)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--markdown", metavar="JSON", help="print the BENCHMARKS.md table of a result file and exit")
-    p.add_argument("--sglang-root", help="folder holding sglang/kernels/ops/attention/dsa/tilelang_kernel.py")
-    p.add_argument("--out", default="benchmarks/h200-decode.json")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
-    p.add_argument("--heads", type=int, nargs="+", default=list(HEADS))
-    p.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    p.add_argument("--tiles", nargs="*", default=[],
-                   help="extra tiles to time as heads:rows:stages:threads[:ws|:vr] (printed, not in the JSON)")
-    args = p.parse_args(argv)
-    if args.markdown:
-        with open(args.markdown) as f:
-            print(markdown(json.load(f)))
-        return 0
-
+def _dsaops_standin(q, kv, indices, topk_length=None):
+    """A dry run's dsaops: the fp32 reference with q as two e4m3 halves (the accurate-q kernel)."""
     import torch
-    from dsaops.kernels import reference, sparse_mla_decode_fp8
+    from dsaops.kernels import accuracy, reference
+
+    if topk_length is not None:
+        beyond = torch.arange(indices.shape[2], device=indices.device) >= topk_length[:, None, None]
+        indices = torch.where(beyond, -1, indices)
+    rows, local = accuracy.gathered(kv, indices)
+    return reference.sparse_mla_decode(accuracy.q_halves(q), rows, local, SM_SCALE).to(torch.bfloat16)
+
+
+class _FlashMLAStandIn:
+    """A dry run's FlashMLA: the fp32 reference over the dequantized V32_NO_ROPE pages."""
+
+    def __init__(self, S, H, topk, device):
+        self.S, self.H = S, H
+
+    def pad(self, q):
+        return q[:, None]
+
+    def __call__(self, q_padded, k_pages, indices, sm_scale):
+        import torch
+        from dsaops.kernels import accuracy, reference
+
+        rows, local = accuracy.gathered(k_pages.reshape(-1, accuracy.V32_ROW_BYTES), indices)
+        pool = accuracy.dequantize_v32_no_rope(rows)
+        return reference.sparse_mla_decode(q_padded[:, 0], pool, local, sm_scale).to(torch.bfloat16)
+
+
+def _proxy_standin(q, kv, indices, sm_scale):
+    """A dry run's sm_121 proxy: the dsaops stand-in."""
+    return _dsaops_standin(q, kv, indices)
+
+
+class _SglangStandIn:
+    """A dry run's SGLang module: tilelang_sparse_fwd as the fp32 reference (q rounded for fp8 KV)."""
+
+    @staticmethod
+    def tilelang_sparse_fwd(q, kv, indices, sm_scale, d_v=512):
+        import torch
+        from dsaops.kernels import accuracy, reference
+
+        fp8 = kv.dtype == torch.float8_e4m3fn
+        rows, local = accuracy.gathered(kv, indices)
+        return reference.sparse_mla_decode(accuracy.round_q(q) if fp8 else q, rows, local, sm_scale, d_v)
+
+
+class Run:
+    """One benchmark run: its grid, device, kernels, timer, pool and input banks."""
+
+    def __init__(self, args):
+        import torch
+        from dsaops.kernels import timing
+
+        self.args, self.dry = args, args.dry_run
+        self.device = "cpu" if self.dry else "cuda"
+        self.timer = FakeTimer() if self.dry else GpuTimer()
+        self.dsaops = _dsaops_standin if self.dry else _dsaops_gpu
+        self.sgl = None
+        self.flashmla_cls = None
+        self.proxy = None
+        self.takes_topk_length = self.dry or _takes_topk_length()
+        self._flashmla = {}
+        self._q, self._idx = {}, None
+        self.slots = DRY["slots"] if self.dry else SLOTS
+        self.rotate_bytes = DRY["rotate_bytes"] if self.dry else timing.ROTATE_BYTES
+        self.g = torch.Generator(device=self.device).manual_seed(0)
+        self.pool = None
+
+    def load_pool(self):
+        """The outlier-channel pool in bf16 (SGLang's bf16 kernel, the truth), raw fp8 (dsaops,
+        SGLang's fp8 kernel) and FlashMLA's pages."""
+        from dsaops.kernels import accuracy
+
+        kv = accuracy.make_kv("outliers", self.slots, self.g, self.device)
+        pages = accuracy.flashmla_pages(accuracy.quantize_v32_no_rope(kv)) if self.flashmla_cls else None
+        self.pool = {"bf16": kv, "fp8": kv.to(accuracy.FP8), "pages": pages}
+
+    def flashmla(self, S, H):
+        if (S, H) not in self._flashmla:
+            self._flashmla[S, H] = self.flashmla_cls(S, H, TOPK, self.device)
+        return self._flashmla[S, H]
+
+    def sets(self, H, S, valid=TOPK):
+        """[(q [S, H, 512] bf16, indices [S, 1, 2048] int32)] for one call each, enough for a
+        rotation; indices past `valid` are -1 (a context shorter than top-k, as SGLang pads it)."""
+        import torch
+        from dsaops.kernels import accuracy, timing
+
+        n = timing.rotation_count(S * valid * ROW_BYTES, self.rotate_bytes) * S
+        have = 0 if self._idx is None else self._idx.shape[0]
+        if have < n:
+            more = accuracy.random_indices(n - have, self.slots, TOPK, self.g, self.device)
+            self._idx = more if self._idx is None else torch.cat([self._idx, more])
+        q = self._q.get(H)
+        if q is None or q.shape[0] < n:
+            have = 0 if q is None else q.shape[0]
+            more = torch.randn((n - have, H, D_V), generator=self.g, device=self.device).to(torch.bfloat16)
+            self._q[H] = q = more if q is None else torch.cat([q, more])
+        out = []
+        for i in range(0, n, S):
+            idx = self._idx[i:i + S]
+            if valid < TOPK:
+                idx = idx.clone()
+                idx[:, :, valid:] = -1
+            out.append((q[i:i + S], idx))
+        return out
+
+
+def _takes_topk_length():
+    from dsaops.kernels import sparse_mla_decode_fp8
+
+    return "topk_length" in inspect.signature(sparse_mla_decode_fp8).parameters
+
+
+def _attempt(row, key, fn, *args):
+    """fn(*args); if it raises, None, with row[key] None and row[key + "_error"] saying why (a
+    peer or a development tile that fails is a result, not the end of the run)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the row
+        row[key] = None
+        row[key + "_error"] = f"{type(e).__name__}: {str(e)[-300:]}"
+        print(f"{key} failed: {row[key + '_error']}", flush=True)
+        return None
+
+
+def _sglang_calls(run, pool, sets):
+    return [functools.partial(run.sgl.tilelang_sparse_fwd, q, pool, idx, SM_SCALE, d_v=D_V) for q, idx in sets]
+
+
+def _flashmla_case(run, S, H, sets):
+    """(rotated µs, the output of the first set) of FlashMLA on the run's pool."""
+    fm, pages = run.flashmla(S, H), run.pool["pages"]
+    padded = [fm.pad(q) for q, _ in sets]
+    us = run.timer.rotated([functools.partial(fm, p, pages, idx, SM_SCALE) for p, (_, idx) in zip(padded, sets)])
+    return us, fm(padded[0], pages, sets[0][1], SM_SCALE)
+
+
+def roofline_us(S, H, copy_tb_s, fp8_tflops, valid=TOPK):
+    flops = 2 * S * H * valid * (D_V + D_V)
+    return max(S * valid * D_V / (copy_tb_s * 1e12), flops / (fp8_tflops * 1e12)) * 1e6
+
+
+def _ratio(peer, ours):
+    return round(peer / ours, 2) if peer and ours else None
+
+
+# ---- sections
+
+def run_cases(run, result):
+    from dsaops.kernels import accuracy
+
+    copy_tb_s, fp8_tflops = result["copy_tb_s"], result["fp8_mm_tflops"]
+    pool = run.pool
+    cases = result["cases"] = []
+    extra = [parse_tile(spec) for spec in run.args.tiles]
+    for H in run.args.heads:
+        for S in run.args.batches:
+            sets = run.sets(H, S)
+            q0, idx0 = sets[0]
+            ours = [functools.partial(run.dsaops, q, pool["fp8"], idx) for q, idx in sets]
+            row = {"H": H, "S": S, "topk": TOPK, "dsaops_fp8_us": run.timer.rotated(ours),
+                   "same_input_us": run.timer.same(ours[0]), "rotation_sets": len(sets)}
+            for key, kv in (("sglang_fp8_us", pool["fp8"]), ("sglang_bf16_us", pool["bf16"])):
+                row[key] = _attempt(row, key, run.timer.rotated, _sglang_calls(run, kv, sets))
+            row["flashmla_us"], flashmla_out = None, None
+            if run.flashmla_cls:
+                row["flashmla_us"], flashmla_out = _attempt(row, "flashmla_us", _flashmla_case, run, S, H, sets) or (
+                    None, None)
+            roof = roofline_us(S, H, copy_tb_s, fp8_tflops)
+            row["roofline_us"] = round(roof, 2)
+            row["roofline_pct"] = round(100 * roof / row["dsaops_fp8_us"], 1)
+            for peer in ("flashmla", "sglang_fp8", "sglang_bf16"):
+                row[f"speedup_vs_{peer}"] = _ratio(row.get(f"{peer}_us"), row["dsaops_fp8_us"])
+            row["eager_host_us"], row["eager_host_us_median"] = run.timer.host(ours[0])
+            refs = accuracy.reference_outputs(q0, pool["bf16"], idx0, SM_SCALE, ("truth", "raw_kv_floor"))
+            out = run.dsaops(q0, pool["fp8"], idx0)
+            row["err_vs_bf16"] = round(accuracy.rel_err(out, refs["truth"]), 5)
+            row["raw_kv_floor"] = round(accuracy.rel_err(refs["raw_kv_floor"], refs["truth"]), 5)
+            row["flashmla_err_vs_bf16"] = (None if flashmla_out is None
+                                           else round(accuracy.rel_err(flashmla_out, refs["truth"]), 5))
+            row["rel_err"] = round(accuracy.rel_err(out, refs["raw_kv_floor"]), 5)
+            cases.append(row)
+            print(json.dumps(row), flush=True)
+            for t in extra:
+                print("tile", json.dumps(time_tile(run, t, H, S, sets)), flush=True)
+
+
+def time_tile(run, tile, H, S, sets):
+    """A development tile forced on one case (--tiles): printed, not in the JSON."""
     from dsaops.kernels.decode import decode_with_tile
     from dsaops.kernels.tiles import heads_per_block
 
-    if args.sglang_root and not os.path.exists(os.path.join(args.sglang_root, *SGLANG_KERNEL)):
-        print(f"no {os.path.join(*SGLANG_KERNEL)} under {args.sglang_root}", file=sys.stderr)
-        return 2
-    extra_tiles = [parse_tile(spec) for spec in args.tiles]
-    precompile(args.sglang_root, args.workers, extra_tiles)
-    sgl = load_sglang(args.sglang_root) if args.sglang_root else None
-    gpu = torch.cuda.get_device_name()
-    copy_tb_s, fp8_tflops = ceilings()
-    print(f"{gpu}: copy {copy_tb_s:.2f} TB/s, fp8 matmul {fp8_tflops:.0f} TFLOP/s", flush=True)
+    row = {"H": H, "S": S, "tile": f"{tile.name}_t{tile.threads}"}
+    if tile.heads_per_block >= heads_per_block(H):  # a block of more heads than H pads the rest
+        row["us"] = _attempt(row, "us", run.timer.rotated, [functools.partial(
+            decode_with_tile, q, run.pool["fp8"], idx, SM_SCALE, D_V, False, tile=tile) for q, idx in sets])
+    return row
 
-    kv = torch.randn((SLOTS, 1, D_V), device="cuda", dtype=torch.bfloat16)
-    kv_fp8 = kv.to(torch.float8_e4m3fn)
-    kv_bf16 = kv_fp8.to(torch.bfloat16) if sgl else None  # same values, bf16 pool
-    del kv
-    scale = D_V**-0.5
-    cases, extra = [], []
-    for H in args.heads:
-        for S in args.batches:
-            q, idx = _case_inputs(S, H, kv_fp8, seed=H * 1000 + S)
-            ours = functools.partial(sparse_mla_decode_fp8, q, kv_fp8, idx, scale)
-            err = None
-            if S <= 16:
-                qq = q.to(torch.float8_e4m3fn).to(torch.bfloat16)
-                ref = reference.sparse_mla_decode(qq, kv_fp8, idx, scale)
-                out = sparse_mla_decode_fp8(qq, kv_fp8, idx, scale).float()
-                err = ((out - ref).norm() / ref.norm()).item()
-            flops = 2 * S * H * TOPK * (D_V + D_V)
-            host_least, host_median = host_us(ours)
-            row = {
-                "H": H, "S": S, "topk": TOPK,
-                "dsaops_fp8_us": round(graph_us(ours), 2),
-                "sglang_fp8_us": round(graph_us(functools.partial(
-                    sgl.tilelang_sparse_fwd, q, kv_fp8, idx, scale, d_v=D_V)), 2) if sgl else None,
-                "sglang_bf16_us": round(graph_us(functools.partial(
-                    sgl.tilelang_sparse_fwd, q, kv_bf16, idx, scale, d_v=D_V)), 2) if sgl else None,
-                "roofline_us": round(max(S * TOPK * D_V / (copy_tb_s * 1e12), flops / (fp8_tflops * 1e12)) * 1e6, 2),
-                "eager_host_us": round(host_least, 2),
-                "eager_host_us_median": round(host_median, 2),
-                "rel_err": None if err is None else round(err, 5),
-            }
-            cases.append(row)
+
+def run_accuracy(run, result):
+    from dsaops.kernels import accuracy
+
+    rows = result["accuracy"] = []
+    S = run.args.accuracy_batch
+    slots = run.slots if run.dry else ACCURACY_SLOTS
+    for seed, kind in enumerate(accuracy.DATA_KINDS):
+        for H in run.args.accuracy_heads:
+            q, kv, idx = accuracy.make_case(kind, S, H, slots, TOPK, seed=seed, device=run.device)
+            fp8 = kv.to(accuracy.FP8)
+            refs = accuracy.reference_outputs(q, kv, idx, SM_SCALE)
+            want = refs["truth"]
+            out = run.dsaops(q, fp8, idx)
+            row = {"data": kind, "H": H, "S": S, "err_vs_bf16": accuracy.rel_err(out, want)}
+            for name in accuracy.REFERENCES:
+                row[name] = accuracy.rel_err(refs[name], want)
+            row["kernel_q_rounded_err"] = accuracy.rel_err(run.dsaops(accuracy.round_q(q), fp8, idx), want)
+            row["rel_err"] = accuracy.rel_err(out, refs["raw_kv_floor"])
+            row["flashmla_err_vs_bf16"] = None
+            if run.flashmla_cls:
+                fm = run.flashmla_cls(S, H, TOPK, run.device)
+                pages = accuracy.flashmla_pages(accuracy.quantize_v32_no_rope(kv))
+                fm_out = _attempt(row, "flashmla_err_vs_bf16", fm, fm.pad(q), pages, idx, SM_SCALE)
+                row["flashmla_err_vs_bf16"] = None if fm_out is None else accuracy.rel_err(fm_out, want)
+            row = {k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}
+            rows.append(row)
             print(json.dumps(row), flush=True)
-            for t in extra_tiles:
-                if t.heads_per_block >= heads_per_block(H):  # a block of more heads than H pads the rest
-                    try:
-                        us = round(graph_us(functools.partial(
-                            decode_with_tile, q, kv_fp8, idx, scale, D_V, False, tile=t)), 2)
-                    except Exception as e:  # noqa: BLE001 - a development tile that fails is reported, not fatal
-                        us = f"{type(e).__name__}: {str(e)[-200:]}"
-                    extra.append({"H": H, "S": S, "tile": f"{t.name}_t{t.threads}", "us": us})
-                    print("tile", json.dumps(extra[-1]), flush=True)
-    kv_bf16 = None
-    result = {"gpu": gpu, "copy_tb_s": round(copy_tb_s, 3), "fp8_mm_tflops": round(fp8_tflops, 1), "cases": cases}
-    copy_rows = kv_copy_rows(copy_tb_s)
-    if copy_rows is not None:
-        result["kv_copy"] = copy_rows
-    with open(args.out, "w") as f:
+
+
+def run_short(run, result):
+    import torch
+    from dsaops.kernels import accuracy
+
+    rows = result["short_context"] = []
+    H = SHORT_HEADS
+    for S in run.args.short_batches:
+        full = None
+        for valid in sorted(set(run.args.short_valid) | {TOPK}, reverse=True):  # the full top-k first
+            sets = run.sets(H, S, valid)
+            pool = run.pool["fp8"]
+            us = run.timer.rotated([functools.partial(run.dsaops, q, pool, idx) for q, idx in sets])
+            full = us if valid == TOPK else full
+            q0, idx0 = sets[0]
+            want = accuracy.reference_outputs(q0, run.pool["bf16"], idx0, SM_SCALE, ("raw_kv_floor",))["raw_kv_floor"]
+            row = {"H": H, "S": S, "valid": valid, "dsaops_us": us, "full_us": full,
+                   "pct_of_full": round(100 * us / full, 1),
+                   "rel_err": round(accuracy.rel_err(run.dsaops(q0, pool, idx0), want), 5),
+                   "topk_length_us": None}
+            if run.takes_topk_length:
+                length = torch.full((S,), valid, dtype=torch.int32, device=run.device)
+                row["topk_length_us"] = run.timer.rotated(
+                    [functools.partial(run.dsaops, q, pool, idx, length) for q, idx in sets])
+                row["topk_length_rel_err"] = round(accuracy.rel_err(run.dsaops(q0, pool, idx0, length), want), 5)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def run_sweep(run, result):
+    rows = result["sweep"] = []
+    for H, batches in run.args.sweep.items():
+        for S in batches:
+            sets = run.sets(H, S)
+            us = run.timer.rotated([functools.partial(run.dsaops, q, run.pool["fp8"], idx) for q, idx in sets])
+            roof = roofline_us(S, H, result["copy_tb_s"], result["fp8_mm_tflops"])
+            rows.append({"H": H, "S": S, "dsaops_us": us, "roofline_us": round(roof, 2),
+                         "roofline_pct": round(100 * roof / us, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    plot = sweep_plot(run.args.out)
+    plot_sweep(rows, plot, dry=run.dry)
+    print(f"sweep plot: {plot}", flush=True)
+
+
+def plot_sweep(rows, path, dry=False):
+    """µs and % of roofline against S, a line per head count, into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for H in sorted({r["H"] for r in rows}):
+        mine = sorted((r for r in rows if r["H"] == H), key=lambda r: r["S"])
+        left.plot([r["S"] for r in mine], [r["dsaops_us"] for r in mine], marker="o", label=f"H={H}")
+        right.plot([r["S"] for r in mine], [r["roofline_pct"] for r in mine], marker="o", label=f"H={H}")
+    right.axhline(40, color="grey", linestyle="--", linewidth=1, label="target (S >= 64)")
+    left.set(ylabel="GPU µs a call (rotated inputs)", ylim=(0, None))
+    right.set(ylabel="% of roofline", ylim=(0, 100))
+    top = max(r["S"] for r in rows)
+    ticks = [1 << k for k in range(top.bit_length()) if 1 << k <= top]  # markers show the other points
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(S) for S in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("decode queries S")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle("DRY RUN: FAKE TIMINGS" if dry else "dsaops decode on the H200: top-k 2048, d 512, rotated inputs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_proxy(run, result):
+    from dsaops.kernels import accuracy
+
+    rows = result["proxy"] = []
+    measured = {(c["H"], c["S"]): c.get("sglang_fp8_us") for c in result.get("cases", [])}
+    for H in run.args.heads:
+        for S in run.args.batches:
+            sets = run.sets(H, S)
+            q0, idx0 = sets[0]
+            pool = run.pool["fp8"]
+            row = {"H": H, "S": S, "label": PROXY_LABEL,
+                   "proxy_us": run.timer.rotated([functools.partial(run.proxy, q, pool, idx, SM_SCALE)
+                                                  for q, idx in sets])}
+            row["sglang_fp8_us"] = measured.get((H, S))
+            if row["sglang_fp8_us"] is None:
+                row["sglang_fp8_us"] = _attempt(row, "sglang_fp8_us", run.timer.rotated, _sglang_calls(run, pool, sets))
+            row["speedup_vs_sglang_fp8"] = _ratio(row["sglang_fp8_us"], row["proxy_us"])
+            row["gb10_floor_us"] = round(S * TOPK * D_V / GB10_BYTES_S * 1e6, 2)
+            refs = accuracy.reference_outputs(q0, run.pool["bf16"], idx0, SM_SCALE, ("truth", "raw_kv_floor"))
+            out = run.proxy(q0, pool, idx0, SM_SCALE)
+            row["rel_err"] = round(accuracy.rel_err(out, refs["raw_kv_floor"]), 5)
+            row["err_vs_bf16"] = round(accuracy.rel_err(out, refs["truth"]), 5)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def run_kvcopy(run, result):
+    if run.dry:
+        result["kv_copy"] = []
+        print("kvcopy: not run in a dry run (tests/kernels/test_bench_kv_copy.py covers its machinery)")
+        return
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_kv_copy.py")
+    spec = importlib.util.spec_from_file_location("bench_kv_copy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result["kv_copy"] = module.run(copy_tb_s=result["copy_tb_s"])
+
+
+# ---- the summary printed last
+
+def _cell(x):
+    return "-" if x is None else f"{x:g}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
+def summary(result) -> str:
+    """The short table printed last: the cases, then each target of benchmarks/report.py (the
+    verdicts BENCHMARKS.md gives)."""
+    fake = "  DRY RUN: FAKE TIMINGS" if result.get("dry_run") else ""
+    lines = [(f"{result['gpu']}  copy {result['copy_tb_s']:.2f} TB/s  fp8 mm {result['fp8_mm_tflops']:.0f} TFLOP/s"
+              f"  (us; rotated inputs; errors vs bf16 KV, outlier data){fake}"),
+             (f"{'H':>3} {'S':>4} {'dsaops':>7} {'same':>7} {'FlashMLA':>8} {'sgl fp8':>8} {'sgl bf16':>8} "
+              f"{'%roof':>5} {'xFM':>5} {'xbf16':>5} {'err':>6} {'floor':>6} {'FM err':>6}")]
+    for c in result.get("cases", []):
+        lines.append(f"{c['H']:>3} {c['S']:>4} {c['dsaops_fp8_us']:>7.1f} {c['same_input_us']:>7.1f} "
+                     f"{_cell(c.get('flashmla_us')):>8} {_cell(c.get('sglang_fp8_us')):>8} "
+                     f"{_cell(c.get('sglang_bf16_us')):>8} {c['roofline_pct']:>5.0f} "
+                     f"{_cell(c.get('speedup_vs_flashmla')):>5} {_cell(c.get('speedup_vs_sglang_bf16')):>5} "
+                     f"{_pct(c['err_vs_bf16']):>6} {_pct(c['raw_kv_floor']):>6} {_pct(c.get('flashmla_err_vs_bf16')):>6}")
+    for t in DECODE_TARGETS:
+        met, measured = t.verdict(result)
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[met]
+        lines.append(f"  {verdict:<12} {t.name}: {measured} (limit {t.limit_text()})")
+    return "\n".join(lines)
+
+
+# ---- driver
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sglang-root", help="folder holding sglang/kernels/ops/attention/dsa/tilelang_kernel.py")
+    p.add_argument("--out", help=f"results JSON (default {os.path.relpath(RESULTS)}; a dry run's: a temp file)")
+    p.add_argument("--sections", nargs="+", metavar="S", default=list(SECTIONS), help=" ".join(SECTIONS))
+    p.add_argument("--skip", nargs="+", metavar="S", default=[], help="sections not to run")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU: CPU references stand in for the kernels, timings are FAKE, small grid")
+    p.add_argument("--no-flashmla", action="store_true", help="leave FlashMLA out (its columns stay empty)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
+    p.add_argument("--heads", type=int, nargs="+")
+    p.add_argument("--batches", type=int, nargs="+")
+    p.add_argument("--tiles", nargs="*", default=[],
+                   help="extra tiles to time as heads:rows:stages:threads[:ws|:vr] (printed, not in the JSON)")
+    args = p.parse_args(argv)
+    args.command = shlex.join(["python3", "benchmarks/h200_decode.py", *(sys.argv[1:] if argv is None else argv)])
+    unknown = sorted(set(args.sections + args.skip) - set(SECTIONS))
+    if unknown:
+        raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
+    args.sections = [s for s in SECTIONS if s in args.sections and s not in args.skip]
+    grid = DRY if args.dry_run else {"heads": HEADS, "batches": BATCHES, "accuracy_heads": ACCURACY_HEADS,
+                                     "accuracy_batch": ACCURACY_BATCH, "short_batches": SHORT_BATCHES, "sweep": SWEEP}
+    args.heads = args.heads or list(grid["heads"])
+    args.batches = args.batches or list(grid["batches"])
+    args.accuracy_heads, args.accuracy_batch = grid["accuracy_heads"], grid["accuracy_batch"]
+    args.short_batches, args.short_valid, args.sweep = grid["short_batches"], SHORT_VALID, grid["sweep"]
+    if args.dry_run:
+        args.out = args.out or os.path.join(tempfile.gettempdir(), "h200-decode.dry-run.json")
+        if os.path.realpath(args.out) == os.path.realpath(RESULTS):
+            raise UserError(f"a dry run's fake timings never go to {os.path.relpath(RESULTS)}: pass another --out")
+        if "compile" in args.sections:
+            args.sections.remove("compile")  # nothing to compile: no kernel runs
+    args.out = args.out or RESULTS
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    return args
+
+
+def preflight(args):
+    """Check what the chosen sections need before any long step, so a missing piece fails at once."""
+    need = set(args.sections)
+    if not os.access(os.path.dirname(os.path.abspath(args.out)) or ".", os.W_OK):
+        raise UserError(f"cannot write {args.out}: pass a writable --out")
+    if "sweep" in need and importlib.util.find_spec("matplotlib") is None:
+        raise UserError("the sweep section plots with matplotlib, which is not importable: install it or --skip sweep")
+    if args.dry_run:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError("no CUDA GPU here: run this on an H200 host (make bench), or pass --dry-run")
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        raise UserError(f"this benchmark times dsaops' sm_90 kernels; this GPU is sm_{major}{minor}")
+    if importlib.util.find_spec("tilelang") is None:
+        raise UserError("TileLang is not importable: make bench unpacks .devbundle/site.tar.xz onto PYTHONPATH")
+    if need & {"compile", "cases", "proxy"}:
+        from dsaops.kernels import peers
+
+        if not args.sglang_root:
+            raise UserError("--sglang-root DIR is needed for SGLang's kernels (make bench passes .devbundle/sgl)")
+        if not os.path.exists(os.path.join(args.sglang_root, *peers.SGLANG_KERNEL)):
+            raise UserError(f"no {os.path.join(*peers.SGLANG_KERNEL)} under {args.sglang_root}")
+    if need & {"cases", "accuracy"} and not args.no_flashmla:
+        try:
+            import flash_mla  # noqa: F401 - loads its CUDA libraries: a wheel that cannot load fails here
+        except (ImportError, OSError) as e:
+            raise UserError(f"FlashMLA does not load ({type(e).__name__}: {e}): make bench unzips .devbundle/peers/"
+                            "sgl_flash_mla-*.whl onto PYTHONPATH; or pass --no-flashmla") from None
+    if "proxy" in need:
+        try:
+            sm121_proxy()
+        except ProxyMissing as e:
+            raise UserError(f"{e}: --skip proxy, or wire sm121_proxy() in {os.path.basename(__file__)}") from None
+
+
+def write(result, path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\n{gpu}  copy {copy_tb_s:.2f} TB/s  fp8 mm {fp8_tflops:.0f} TFLOP/s  (us; x = SGLang fp8 / dsaops)")
-    print(f"{'H':>3} {'S':>4} {'dsaops':>8} {'sgl fp8':>8} {'sgl bf16':>8} {'roof':>6} {'%roof':>6} {'x':>5} {'host':>6} err")
-    for r in result.get("kv_copy", []):
-        if r.get("default", True):
-            print(f"kv {r['kernel']} rows {r['rows']} width {r['width']}: "
-                  + (f"{r['us']} us, {r['pct_of_copy']}% of copy" if "us" in r else r.get("error", "")))
-    for c in cases:
-        x = c["sglang_fp8_us"] / c["dsaops_fp8_us"] if c["sglang_fp8_us"] else float("nan")
-        print(f"{c['H']:>3} {c['S']:>4} {c['dsaops_fp8_us']:>8.1f} {c['sglang_fp8_us'] or 0:>8.1f} "
-              f"{c['sglang_bf16_us'] or 0:>8.1f} {c['roofline_us']:>6.1f} "
-              f"{100 * c['roofline_us'] / c['dsaops_fp8_us']:>5.0f}% {x:>5.1f} {c['eager_host_us']:>6.1f} "
-              f"{c['rel_err'] if c['rel_err'] is not None else ''}")
+    os.replace(tmp, path)
+
+
+def measure(args) -> dict:
+    run = Run(args)
+    result = {**run_info(args.command, machine=None if run.dry else gpu_machine()),  # a dry run's: this CPU
+              "gpu": "dry run (CPU stand-ins)" if run.dry else None, "sections": args.sections, "method": METHOD}
+    if run.dry:
+        result |= {"dry_run": True, "fake_timings": True}
+    elapsed = result["elapsed_s"] = {}
+    t0 = time.time()
+    proxy_jobs = ()
+    if not run.dry:
+        import torch
+        from dsaops.kernels import peers
+
+        from dsaops.cache import cache_dir
+
+        os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))  # workers share it
+        result["gpu"] = torch.cuda.get_device_name()
+        if args.sglang_root:
+            run.sgl = peers.load_sglang(args.sglang_root)
+        if not args.no_flashmla:
+            run.flashmla_cls = peers.FlashMLADecode
+        try:
+            proxy_jobs, run.proxy = sm121_proxy()
+        except ProxyMissing as e:  # preflight stops a run whose sections need it
+            print(f"no sm_121 proxy: {e}", flush=True)
+    else:
+        run.sgl, run.proxy = _SglangStandIn, _proxy_standin
+        run.flashmla_cls = None if args.no_flashmla else _FlashMLAStandIn
+    measuring = [s for s in args.sections if s != "compile"]
+    for name in args.sections:
+        start = time.time()
+        if name == "compile":
+            jobs = compile_jobs(args.sglang_root, args.heads, args.batches, [parse_tile(t) for t in args.tiles],
+                                proxy_jobs)
+            result["compile_failures"] = run_jobs(jobs, args.workers)
+            print(f"compiled {len(jobs)} kernel sets", flush=True)
+        else:
+            if run.pool is None:
+                copy_tb_s, fp8_tflops = run.timer.ceilings()
+                result |= {"copy_tb_s": round(copy_tb_s, 3), "fp8_mm_tflops": round(fp8_tflops, 1)}
+                print(f"{result['gpu']}: copy {copy_tb_s:.2f} TB/s, fp8 matmul {fp8_tflops:.0f} TFLOP/s"
+                      + (" (FAKE)" if run.dry else ""), flush=True)
+                run.load_pool()
+                elapsed["setup"] = round(time.time() - start, 1)
+                start = time.time()
+            {"cases": run_cases, "accuracy": run_accuracy, "short": run_short, "sweep": run_sweep,
+             "proxy": run_proxy, "kvcopy": run_kvcopy}[name](run, result)
+        elapsed[name] = round(time.time() - start, 1)
+        print(f"== {name}: {elapsed[name]:.0f} s (run {time.time() - t0:.0f} s)", flush=True)
+        if measuring and name != "compile":
+            write(result, args.out)
+    return result
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        preflight(args)
+    except (UserError, OSError, ValueError) as e:
+        print(f"h200_decode: {e}", file=sys.stderr)
+        return 2
+    result = measure(args)
+    print("elapsed (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items()))
+    if [s for s in args.sections if s != "compile"]:
+        print(f"results: {args.out}" + ("  (DRY RUN: FAKE TIMINGS)" if args.dry_run else ""))
+        print(summary(result))
     return 0
 
 

@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass
 
 from dsaops.kv_layout import MIXED_TILELANG_REFUSAL
+from dsaops.launch_args import kv_cache_args
 
-GATE_ARGS = ("--kv-cache-dtype", "fp8_e4m3", "--dsa-prefill-backend", "tilelang", "--dsa-decode-backend",
-             "flashmla_sparse")
+# The refused pairing, spelled by the builder every deployment's command line comes from.
+GATE_ARGS = tuple(kv_cache_args("fp8_e4m3", "tilelang", "flashmla_sparse"))
 READY_LINE = "The server is fired up and ready to roll!"   # entrypoints/http_server.py, once serving
 
 

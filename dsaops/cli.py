@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from dsaops.errors import UserError
+
 SUBCOMMAND_MODULES = (
     "dsaops.targets",
     "dsaops.kernels.cli",
@@ -18,11 +20,8 @@ SUBCOMMAND_MODULES = (
     "dsaops.healthchecks.cli",
     "dsaops.deploy",
     "dsaops.image",
+    "dsaops.bench.cli",
 )
-
-
-class UserError(Exception):
-    """Bad input or a missing prerequisite: printed without a traceback, exit 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,8 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dsaops.targets import UnknownTarget
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -46,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, UnknownTarget) as e:
+    except UserError as e:
         print(f"dsaops {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

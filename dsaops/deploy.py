@@ -12,7 +12,10 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+from dsaops.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
@@ -35,8 +38,6 @@ def add_parser(sub) -> None:
 
 
 def resolve_inventory(name: str) -> Path:
-    from dsaops.cli import UserError
-
     for candidate in (Path(name), INVENTORIES / name, INVENTORIES / f"{name}.yml"):
         if candidate.is_file():
             return candidate.resolve()
@@ -45,17 +46,23 @@ def resolve_inventory(name: str) -> Path:
 
 
 def run(args) -> int:
-    from dsaops.cli import UserError
+    return deploy(args.inventory, check=args.check, print_commands=args.print_commands, tags=args.tags,
+                  limit=args.limit, extra_vars=args.extra_vars, verbose=args.verbose)
 
+
+def deploy(inventory: str, *, check: bool = False, print_commands: bool = False, tags: str | None = None,
+           limit: str | None = None, extra_vars: Sequence[str] = (), verbose: int = 0) -> int:
+    """Run cluster.yml (or, with print_commands, print-commands.yml) on `inventory` (a file or a
+    name in playbooks/inventories): 0 when it succeeded, 1 when a task failed (named on stderr)."""
     if not (PLAYBOOKS / "cluster.yml").is_file():
         raise UserError(f"the playbooks are not here ({PLAYBOOKS}); run dsaops deploy from a dsaops source checkout")
-    if args.print_commands and (args.check or args.tags):
+    if print_commands and (check or tags):
         raise UserError("--print-commands renders commands only; drop --check/--tags")
-    if args.tags:
-        unknown = set(args.tags.split(",")) - set(PHASES)
+    if tags:
+        unknown = set(tags.split(",")) - set(PHASES)
         if unknown:
             raise UserError(f"unknown phase(s) {', '.join(sorted(unknown))}; phases: {', '.join(PHASES)}")
-    inventory = resolve_inventory(args.inventory)
+    inventory_path = resolve_inventory(inventory)
     try:
         import ansible_runner
     except ImportError:
@@ -66,29 +73,29 @@ def run(args) -> int:
         raise UserError("ansible-playbook is not installed: pip install 'dsaops[deploy]'")
 
     cmdline = []
-    for extra in args.extra_vars:
+    for extra in extra_vars:
         cmdline += ["-e", extra]
-    if args.check:
+    if check:
         cmdline.append("--check")
-    if args.tags:
-        cmdline += ["--tags", args.tags]
-    if args.limit:
-        cmdline += ["--limit", args.limit]
-    if args.verbose > 1:
-        cmdline.append("-" + "v" * (args.verbose - 1))
+    if tags:
+        cmdline += ["--tags", tags]
+    if limit:
+        cmdline += ["--limit", limit]
+    if verbose > 1:
+        cmdline.append("-" + "v" * (verbose - 1))
 
     with tempfile.TemporaryDirectory(prefix="dsaops-deploy-") as tmp:
         extravars = {}
-        if args.print_commands:
+        if print_commands:
             out = Path(tmp) / "commands"
             out.mkdir()
             extravars["sglang_server_print_dir"] = str(out)
-        progress = Progress(quiet=args.print_commands, verbose=args.verbose > 0)
+        progress = Progress(quiet=print_commands, verbose=verbose > 0)
         result = ansible_runner.run(
             private_data_dir=tmp,
             project_dir=str(PLAYBOOKS),
-            playbook="print-commands.yml" if args.print_commands else "cluster.yml",
-            inventory=str(inventory),
+            playbook="print-commands.yml" if print_commands else "cluster.yml",
+            inventory=str(inventory_path),
             extravars=extravars,
             cmdline=shlex.join(cmdline) if cmdline else None,
             envvars={"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path},
@@ -99,11 +106,11 @@ def run(args) -> int:
         if failed and not progress.failures:
             # Ansible stopped before any task (YAML error, unknown host group): show its output.
             print(result.stdout.read()[-4000:], file=sys.stderr)
-        if args.print_commands and not failed:
-            print_commands(out)
+        if print_commands and not failed:
+            print_rendered(out)
             return 0
-        if not args.print_commands:
-            print_summary(result.stats or {}, check=args.check)
+        if not print_commands:
+            print_summary(result.stats or {}, check=check)
         if failed:
             print(f"dsaops deploy: failed ({len(progress.failures)} failure(s) above); nothing after them ran",
                   file=sys.stderr)
@@ -153,7 +160,7 @@ def print_summary(stats: dict, check: bool) -> None:
           f"{'' if changes or check else ' (already as wanted)'}")
 
 
-def print_commands(folder: Path) -> None:
+def print_rendered(folder: Path) -> None:
     """Each node's rendered server command, head first (ordered by node rank)."""
     def rank(path: Path) -> int:
         found = re.search(r"node rank (\d+) of", path.read_text())

@@ -1,8 +1,9 @@
 """`dsaops image plan|build --arch T`: the serving image's build, composed from the targets table.
 
 `make image-plan` / `make image` call this. Every target fact (base image, platform, arch
-list, fp8 dtype, whether the base carries SGLang) comes from dsaops/targets.toml; the SGLang
-pin and the patch-series hash come from the patch tool; nothing is copied into a bake file.
+list, fp8 dtype, whether the base carries SGLang) comes from dsaops/targets.toml, the SGLang
+pin from dsaops/pins.toml, the patch-series hash from the patch tool; nothing is copied into a
+bake file.
 The build context is a staged folder (default images/context/, ignored by git) holding the
 two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLang.
 """
@@ -19,7 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsaops import pins
 from dsaops.cache import cache_dir
+from dsaops.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
@@ -39,12 +42,6 @@ class Plan:
     notes: list[str]
 
 
-def _user_error(message: str) -> Exception:
-    from dsaops.cli import UserError
-
-    return UserError(message)
-
-
 def _git(*args: str) -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), *args], check=False, capture_output=True, text=True,
@@ -58,7 +55,7 @@ def _target(name: str):
     from dsaops import targets
 
     if not name:
-        raise _user_error(f"ARCH= (--arch) is required; valid targets: {', '.join(targets.table())}")
+        raise UserError(f"ARCH= (--arch) is required; valid targets: {', '.join(targets.table())}")
     return targets.get(name)
 
 
@@ -70,13 +67,12 @@ def _host_platform() -> str:
 def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The Dockerfile's build arguments for `target`; `extra` adds or overrides (e.g. a local base)."""
     from dsaops import __version__
-    from dsaops.sglang_patches.apply import SGLANG_PIN
     from dsaops.sglang_patches.series import load
 
     args = {
         "BASE_IMAGE": target.base_image,
         "BASE_CARRIES_SGLANG": "true" if target.base_carries_sglang else "false",
-        "SGLANG_VERSION": SGLANG_PIN,
+        "SGLANG_VERSION": pins.SGLANG,
         "PATCH_SERIES_SHA256": load().sha256,
         "DSAOPS_TARGET": target.name,
         "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
@@ -88,6 +84,13 @@ def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
         "CREATED": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     return args | (extra or {})
+
+
+def image_name(target_name: str, *, registry: str = "", tag: str = "") -> str:
+    """The serving image's name: [REGISTRY/]dsaops/sglang:TAG, TAG by default <sglang pin>-<target>
+    (what `make image` tags and the playbooks run)."""
+    repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
+    return f"{repo_name}:{tag or f'{pins.SGLANG}-{target_name}'}"
 
 
 def detect_builder() -> str:
@@ -102,16 +105,13 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
          context: Path | None = None, stage: str = "runtime", extra_args: dict[str, str] | None = None,
          offline: bool = False) -> Plan:
     """The exact commands `dsaops image build` runs; raises on a bad target or option."""
-    from dsaops.sglang_patches.apply import SGLANG_PIN
-
     target = _target(name)
     if push and not registry:
-        raise _user_error("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
-                          f"without it the push would go to Docker Hub's {IMAGE_NAME}")
+        raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
+                        f"without it the push would go to Docker Hub's {IMAGE_NAME}")
     if stage not in STAGES:
-        raise _user_error(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    repo_name = f"{registry.rstrip('/')}/{IMAGE_NAME}" if registry else IMAGE_NAME
-    image = f"{repo_name}:{tag or f'{SGLANG_PIN}-{target.name}'}"
+        raise UserError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    image = image_name(target.name, registry=registry, tag=tag)
     context = Path(context or IMAGES / "context")
     args = build_args(target, extra_args)
     builder = detect_builder() if builder == "auto" else builder
@@ -175,8 +175,8 @@ def render(p: Plan) -> str:
 def check_engine() -> None:
     """Raise UserError unless a docker CLI is installed and its engine answers."""
     if not shutil.which("docker"):
-        raise _user_error("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
-                          "and its buildx plugin, then run `make image` again")
+        raise UserError("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
+                        "and its buildx plugin, then run `make image` again")
     try:
         out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False,
                              capture_output=True, text=True, timeout=60)
@@ -185,8 +185,8 @@ def check_engine() -> None:
     if out is None or out.returncode != 0:
         where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         said = (out.stderr.strip().splitlines() or [""])[-1] if out else "no answer within 60 s"
-        raise _user_error(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
-                          "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
+        raise UserError(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
+                        "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
 
 
 def _pip(*args: str, env: dict | None = None) -> None:
@@ -206,7 +206,7 @@ def sglang_wheel_for(target, pin: str) -> Path:
              f"sglang=={pin}", "-d", str(wheels))
         found = sorted(wheels.glob(pattern))
     if not found:
-        raise _user_error(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
+        raise UserError(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
     return found[-1]
 
 
@@ -214,7 +214,7 @@ def source_files() -> list[str]:
     """The project's files as git sees them (tracked and new, not ignored): what goes into the wheel."""
     listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
     if not listed:
-        raise _user_error(f"{REPO} is not a git checkout: build the image from a clone of the repository")
+        raise UserError(f"{REPO} is not a git checkout: build the image from a clone of the repository")
     return [f for f in listed.split("\0") if f and (REPO / f).is_file()]
 
 
@@ -243,8 +243,8 @@ def stage_context(context: Path, sglang_wheel: Path | None) -> None:
     """
     foreign = sorted(e.name for e in context.iterdir() if e.name not in CONTEXT_ENTRIES) if context.is_dir() else []
     if foreign or (context.exists() and not context.is_dir()):
-        raise _user_error(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
-                          "give an empty or new folder, or one an earlier `dsaops image build` staged")
+        raise UserError(f"--context {context} holds other things ({', '.join(foreign) or 'it is a file'}); "
+                        "give an empty or new folder, or one an earlier `dsaops image build` staged")
     for name in CONTEXT_ENTRIES:
         entry = context / name
         if entry.is_dir() and not entry.is_symlink():
@@ -286,7 +286,7 @@ def add_parser(sub) -> None:
 def _parse_build_args(pairs: list[str]) -> dict[str, str]:
     bad = [p for p in pairs if "=" not in p]
     if bad:
-        raise _user_error(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
+        raise UserError(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
     return dict(p.split("=", 1) for p in pairs)
 
 
@@ -297,17 +297,23 @@ def run(args) -> int:
     if args.action == "plan":
         print(render(p))
         return 0
+    return build(p, sglang_wheel=args.sglang_wheel)
+
+
+def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
+    """Stage the context (the SGLang wheel: `sglang_wheel`, else the pinned one from the index) and
+    run the plan's commands: 0 when the image was built, else the failing command's exit code."""
     check_engine()
     if importlib.util.find_spec("pip") is None:
-        raise _user_error(f"{sys.executable} has no pip, which builds the project's wheel: install it "
-                          "(sudo apt-get install python3-pip) or run `make venv` first")
+        raise UserError(f"{sys.executable} has no pip, which builds the project's wheel: install it "
+                        "(sudo apt-get install python3-pip) or run `make venv` first")
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
     wheel = None
     if not p.target.base_carries_sglang:
-        wheel = args.sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
+        wheel = sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
         if not wheel.is_file():
-            raise _user_error(f"--sglang-wheel {wheel}: no such file")
+            raise UserError(f"--sglang-wheel {wheel}: no such file")
     stage_context(p.context, wheel)
     for cmd in p.commands:
         print("+ " + shlex.join(cmd), file=sys.stderr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # _check_dsa_backend_constraints: the refusal for fp8 KV with tilelang on one side only.
-# tests/plan checks this text against the pinned source; `dsaops verify boot-gate` expects it.
+# tests/dsaops checks this text against the pinned source; `dsaops verify boot-gate` expects it.
 MIXED_TILELANG_REFUSAL = ("CUDA TileLang FP8 KV requires both DSA backends to be tilelang; "
                           "raw and scaled FP8 KV layouts cannot be mixed.")
 ROCM_ONLY_REFUSAL = ("The triton DSA backend is only supported on ROCm/HIP. Pick an alternative DSA backend for CUDA "

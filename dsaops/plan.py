@@ -6,10 +6,17 @@ request limit (dsaops.concurrency.resolve). The one input that cannot be known a
 GPU memory left after the weights load: give it with --free-memory-gib (the `avail mem=` of
 SGLang's `Load weight end` log line), or --weights-gib; otherwise the model preset's
 checkpoint estimate and the target's reserved memory stand in, and the output says so.
+
+From Python: `make_plan(PlanRequest(...))` returns a `Plan`; `Plan.to_json()` is the object
+`--json` prints (its fields document the keys).
 """
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, fields
+
+from dsaops import concurrency, kv_budget, kv_layout, launch_args, model_geometry, targets
+from dsaops.errors import UserError
 
 DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
               "scratch per draft token); a DFLASH drafter's own KV is not counted")
@@ -53,25 +60,121 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    plan = make_plan(args)
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    request = PlanRequest(**{f.name: getattr(args, f.name) for f in fields(PlanRequest)})
+    p = make_plan(request)
+    print(json.dumps(p.to_json(), indent=2) if args.json else render(p))
     return 0
 
 
-def make_plan(args) -> dict:
-    from dsaops import concurrency, kv_budget, kv_layout, model_geometry, targets
-    from dsaops.cli import UserError
+@dataclass(frozen=True)
+class PlanRequest:
+    """One planned launch: the `dsaops plan` options, by the same names (None: not given)."""
 
-    target = targets.get(args.target)
+    target: str                              # a name in dsaops/targets.toml
+    nodes: int
+    gpus_per_node: int
+    tp_size: int
+    kv_cache_dtype: str                      # bf16 | bfloat16 | fp8_e4m3
+    mem_fraction_static: float
+    gpu_memory_gib: float                    # memory of one GPU (GB10: what the GPU may use)
+    model: str | None = None                 # a preset; None with model_config None: glm-5.3-flash
+    model_config: str | None = None          # a config.json instead of a preset
+    dp_size: int = 1
+    enable_dp_attention: bool = False        # SGLang's deprecated spelling: dp_size is then the attention-DP size
+    attn_dp_size: int | None = None
+    dsa_prefill_backend: str | None = None   # None: what SGLang picks for the target and KV dtype
+    dsa_decode_backend: str | None = None
+    free_memory_gib: float | None = None     # `avail mem=` of SGLang's `Load weight end` line (most exact)
+    weights_gib: float | None = None         # checkpoint size, all ranks together
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_ssm_dtype: str = "float32"
+    mamba_full_memory_ratio: float | None = None
+    mamba_radix_cache_strategy: str = "auto"
+    disable_radix_cache: bool = False
+    disable_overlap_schedule: bool = False
+    skip_decode_lock: bool = False
+    speculative_num_draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Parallel:
+    gpus: int
+    tp_size: int
+    dp_size: int             # data-parallel replicas
+    attn_dp_size: int        # attention-DP groups inside the TP group
+    attn_tp_size: int        # tp_size // attn_dp_size: the width of one rank's attention
+
+
+@dataclass(frozen=True)
+class Memory:
+    """GiB per GPU."""
+
+    gpu_memory_gib: float
+    reserved_gib: float              # the target's reserved_memory_gib
+    pre_load_free_gib: float         # free before the weights load
+    free_after_weights_gib: float
+    free_after_weights_source: str   # --free-memory-gib | --weights-gib | preset estimate
+    slack_gib: float                 # pre_load_free_gib x (1 - mem_fraction_static)
+    rest_gib: float                  # for the mamba state and the KV pool
+    mamba_pool_gib: float
+    kv_budget_gib: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan, and (`to_json()`) the contract `dsaops plan --json` prints, the playbook's
+    preflight checks and `dsaops exporter --plan` reads: these keys, in this order."""
+
+    model: str
+    target: str
+    kv_layout: str                           # bf16 | raw_fp8 | scaled_fp8 (dsaops.kv_layout)
+    kv_cache_dtype: str                      # bf16 | fp8_e4m3
+    kv_storage_dtype: str                    # bfloat16, or the target's fp8 dtype
+    dsa_prefill_backend: str
+    dsa_decode_backend: str
+    kv_bytes_per_token: int
+    kv_bytes_per_token_detail: dict          # attention/indexer (per layer, layers, bytes), draft, total
+    kv_pool_tokens_per_rank: int
+    kv_pool_gib_per_rank: float              # as SGLang's startup log prints it
+    mamba_slots_per_dp: int | None           # None: the model has no mamba state
+    mamba_slots_source: str | None           # how the slot count was chosen (auto, --max-mamba-cache-size, ...)
+    mamba_slot_bytes: dict | None            # conv, ssm, total, layers
+    mamba_state_slots_per_request: int | None
+    mamba_running_requests_cap: int | None
+    max_running_requests_requested: int | None
+    max_running_requests_per_dp: int         # what each DP rank's scheduler runs at most
+    binding_limit: str                       # request | dp_split | kv | mamba (dsaops.concurrency)
+    kv_running_requests_cap: int
+    context_length: int
+    parallel: Parallel
+    memory: Memory
+    sglang_args: list[str]                   # the cluster-wide launch flags (dsaops.launch_args.cluster_args)
+    warnings: list[str]                      # what to change, one sentence each
+    assumptions: list[str]                   # what the figures rest on
+
+    def to_json(self) -> dict:
+        """The contract as one JSON-ready dict."""
+        return asdict(self)
+
+
+def make_plan(req: PlanRequest) -> Plan:
+    """The plan for `req`; raises UserError (one line: what to change) where SGLang would refuse or
+    the numbers do not add up."""
+    target = targets.get(req.target)
     try:
-        model = (model_geometry.load_config_file(args.model_config) if args.model_config
-                 else model_geometry.load_preset(args.model or "glm-5.3-flash"))
+        model = (model_geometry.load_config_file(req.model_config) if req.model_config
+                 else model_geometry.load_preset(req.model or "glm-5.3-flash"))
     except model_geometry.ModelConfigError as e:
         raise UserError(str(e)) from None
-    par = _parallelism(args)
+    par = _parallelism(req)
     hip = target.vendor == "amd"
-    kv_dtype = kv_layout.normalize_kv_dtype(args.kv_cache_dtype)
-    backends = kv_layout.resolve_backends(kv_dtype, args.dsa_prefill_backend, args.dsa_decode_backend, hip=hip,
+    try:
+        kv_dtype = kv_layout.normalize_kv_dtype(req.kv_cache_dtype)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    backends = kv_layout.resolve_backends(kv_dtype, req.dsa_prefill_backend, req.dsa_decode_backend, hip=hip,
                                           sm_major=int(target.compute_capability.split(".")[0] or 0))
     nope_q8 = kv_layout.q8_raw_nope(backends, kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
     try:
@@ -79,151 +182,151 @@ def make_plan(args) -> dict:
     except kv_layout.BackendRefused as e:
         raise UserError(f"SGLang refuses this launch at startup: {e}") from None
     layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8)
-    if not 0 < args.mem_fraction_static < 1:
+    if not 0 < req.mem_fraction_static < 1:
         raise UserError("--mem-fraction-static must be between 0 and 1 (SGLang's default is about 0.8-0.9)")
     for flag in ("gpu_memory_gib", "context_length", "max_running_requests", "max_mamba_cache_size",
                  "mamba_full_memory_ratio", "speculative_num_draft_tokens", "weights_gib"):
-        if (value := getattr(args, flag)) is not None and value <= 0:
+        if (value := getattr(req, flag)) is not None and value <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be positive, not {value:g}")
 
-    memory, assumptions = _memory(args, target, model, par)
-    slots_per_req = _mamba_slots_per_request(args)
-    cell = model.kv_bytes_per_token(layout, with_draft=bool(args.speculative_num_draft_tokens))
-    rest = kv_budget.rest_memory_gib(pre_load_free_gib=memory["pre_load_free_gib"],
-                                     free_after_weights_gib=memory["free_after_weights_gib"],
-                                     mem_fraction_static=args.mem_fraction_static, multimodal=model.multimodal)
+    pre_load, free, source, assumptions = _free_memory(req, target, model, par)
+    slots_per_req = _mamba_slots_per_request(req)
+    cell = model.kv_bytes_per_token(layout, with_draft=bool(req.speculative_num_draft_tokens))
+    rest = kv_budget.rest_memory_gib(pre_load_free_gib=round(pre_load, 3), free_after_weights_gib=round(free, 3),
+                                     mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal)
     try:
-        slot, mamba, kv_gib, tokens = _pools(args, model, par, rest, cell["total"], slots_per_req)
+        slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req)
     except (kv_budget.NotEnoughMemory, model_geometry.ModelConfigError) as e:
         raise UserError(str(e)) from None
 
-    context = args.context_length or model.context_length
-    conc = concurrency.resolve(requested=args.max_running_requests, attn_dp_size=par["attn_dp_size"],
+    context = req.context_length or model.context_length
+    conc = concurrency.resolve(requested=req.max_running_requests, attn_dp_size=par.attn_dp_size,
                                token_capacity=tokens, context_len=context,
                                max_mamba_cache_size=mamba.slots_per_dp if mamba else None,
                                mamba_slots=slots_per_req if mamba else None)
     if conc.effective_per_dp <= 0:  # resolve_max_num_reqs refuses to start
         raise UserError(f"the mamba state cache ({mamba.slots_per_dp} slots per DP rank, {slots_per_req} a request) is "
                         "too small to serve any request: raise --max-mamba-cache-size or --mem-fraction-static")
-    memory.update(rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
-                  kv_budget_gib=round(kv_gib, 3))
-    return {
-        "model": model.name, "target": target.name,
-        "kv_layout": layout, "kv_cache_dtype": kv_dtype,
-        "kv_storage_dtype": "bfloat16" if layout == "bf16" else target.fp8_dtype,
-        "dsa_prefill_backend": backends.prefill, "dsa_decode_backend": backends.decode,
-        "kv_bytes_per_token": cell["total"], "kv_bytes_per_token_detail": cell,
-        "kv_pool_tokens_per_rank": tokens,
-        "kv_pool_gib_per_rank": round(model.kv_pool_bytes(tokens, layout) / kv_budget.GIB, 2),
-        "mamba_slots_per_dp": mamba.slots_per_dp if mamba else None,
-        "mamba_slots_source": mamba.source if mamba else None,
-        "mamba_slot_bytes": slot if mamba else None,
-        "mamba_state_slots_per_request": slots_per_req if mamba else None,
-        "mamba_running_requests_cap": conc.mamba_cap,
-        "max_running_requests_requested": args.max_running_requests,
-        "max_running_requests_per_dp": conc.effective_per_dp,
-        "binding_limit": conc.binding,
-        "kv_running_requests_cap": conc.kv_cap,
-        "context_length": context,
-        "parallel": par, "memory": memory,
-        "sglang_args": _sglang_args(args, par, kv_dtype, backends),
-        "warnings": _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req),
-        "assumptions": assumptions + ([DRAFT_NOTE] if args.speculative_num_draft_tokens else []),
-    }
+    memory = Memory(gpu_memory_gib=req.gpu_memory_gib, reserved_gib=target.reserved_memory_gib,
+                    pre_load_free_gib=round(pre_load, 3), free_after_weights_gib=round(free, 3),
+                    free_after_weights_source=source,
+                    slack_gib=round(pre_load * (1 - req.mem_fraction_static), 3),
+                    rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
+                    kv_budget_gib=round(kv_gib, 3))
+    spec = launch_args.ClusterSpec(
+        tp_size=par.tp_size, dp_size=par.dp_size, attn_dp_size=par.attn_dp_size, nnodes=req.nodes,
+        kv_cache_dtype=kv_dtype, dsa_prefill_backend=backends.prefill, dsa_decode_backend=backends.decode,
+        mem_fraction_static=req.mem_fraction_static, context_length=req.context_length,
+        max_running_requests=req.max_running_requests, max_mamba_cache_size=req.max_mamba_cache_size,
+        mamba_full_memory_ratio=req.mamba_full_memory_ratio, mamba_ssm_dtype=req.mamba_ssm_dtype,
+        speculative_num_draft_tokens=req.speculative_num_draft_tokens)
+    return Plan(
+        model=model.name, target=target.name,
+        kv_layout=layout, kv_cache_dtype=kv_dtype,
+        kv_storage_dtype="bfloat16" if layout == "bf16" else target.fp8_dtype,
+        dsa_prefill_backend=backends.prefill, dsa_decode_backend=backends.decode,
+        kv_bytes_per_token=cell["total"], kv_bytes_per_token_detail=cell,
+        kv_pool_tokens_per_rank=tokens,
+        kv_pool_gib_per_rank=round(model.kv_pool_bytes(tokens, layout) / kv_budget.GIB, 2),
+        mamba_slots_per_dp=mamba.slots_per_dp if mamba else None,
+        mamba_slots_source=mamba.source if mamba else None,
+        mamba_slot_bytes=slot if mamba else None,
+        mamba_state_slots_per_request=slots_per_req if mamba else None,
+        mamba_running_requests_cap=conc.mamba_cap,
+        max_running_requests_requested=req.max_running_requests,
+        max_running_requests_per_dp=conc.effective_per_dp,
+        binding_limit=conc.binding,
+        kv_running_requests_cap=conc.kv_cap,
+        context_length=context,
+        parallel=par, memory=memory,
+        sglang_args=launch_args.cluster_args(spec),
+        warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req),
+        assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else []),
+    )
 
 
-def _pools(args, model, par, rest_gib: float, cell_bytes: int, slots_per_req: int):
+def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: int, slots_per_req: int):
     """The mamba state pool first, then the KV pool from what is left (_profile_available_bytes)."""
-    from dsaops import kv_budget
-
-    slot = model.mamba_slot_bytes(par["attn_tp_size"], ssm_bytes=4 if args.mamba_ssm_dtype == "float32" else 2)
+    slot = model.mamba_slot_bytes(par.attn_tp_size, ssm_bytes=4 if req.mamba_ssm_dtype == "float32" else 2)
     mamba = None
     if model.linear_layers:
         mamba = kv_budget.mamba_pool(
-            rest_gib, slot_bytes=slot["total"], attn_dp_size=par["attn_dp_size"], slots_per_request=slots_per_req,
-            max_mamba_cache_size=args.max_mamba_cache_size, max_running_requests=args.max_running_requests,
-            disable_radix_cache=args.disable_radix_cache,
-            full_memory_ratio=args.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
-            draft_tokens=args.speculative_num_draft_tokens)
+            rest_gib, slot_bytes=slot["total"], attn_dp_size=par.attn_dp_size, slots_per_request=slots_per_req,
+            max_mamba_cache_size=req.max_mamba_cache_size, max_running_requests=req.max_running_requests,
+            disable_radix_cache=req.disable_radix_cache,
+            full_memory_ratio=req.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
+            draft_tokens=req.speculative_num_draft_tokens)
     kv_gib = rest_gib - (mamba.bytes / kv_budget.GIB if mamba else 0)
     if kv_gib <= 0:
         raise kv_budget.NotEnoughMemory(f"loaded weights leave no GPU memory for the KV cache under "
-                                        f"--mem-fraction-static={args.mem_fraction_static}: raise it")
+                                        f"--mem-fraction-static={req.mem_fraction_static}: raise it")
     tokens = kv_budget.kv_pool_tokens(kv_gib * kv_budget.GIB, cell_bytes=cell_bytes, page_tokens=model.page_tokens)
     return slot, mamba, kv_gib, tokens
 
 
-def _parallelism(args) -> dict:
-    from dsaops.cli import UserError
-
+def _parallelism(req: PlanRequest) -> Parallel:
     for flag in ("nodes", "gpus_per_node", "tp_size", "dp_size"):
-        if getattr(args, flag) < 1:
+        if getattr(req, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
     # parallel_hook.py handle_deprecated_dp_attention: `--dp-size N --enable-dp-attention`
     # means attn_dp_size = N, dp_size = 1.
-    attn_dp, dp = args.attn_dp_size or 1, args.dp_size
-    if args.enable_dp_attention and args.attn_dp_size is None:
-        attn_dp, dp = args.dp_size, 1
-    if attn_dp < 1 or args.tp_size % attn_dp:
-        raise UserError(f"the attention-DP size ({attn_dp}) must divide --tp-size ({args.tp_size})")
-    gpus = args.nodes * args.gpus_per_node
-    if args.tp_size * dp != gpus:
-        raise UserError(f"{args.nodes} node(s) x {args.gpus_per_node} GPU(s) = {gpus} GPUs, but tp-size {args.tp_size} "
-                        f"x dp-size {dp} replicas needs {args.tp_size * dp}: make them agree")
-    return {"gpus": gpus, "tp_size": args.tp_size, "dp_size": dp, "attn_dp_size": attn_dp,
-            "attn_tp_size": args.tp_size // attn_dp}
+    attn_dp, dp = req.attn_dp_size or 1, req.dp_size
+    if req.enable_dp_attention and req.attn_dp_size is None:
+        attn_dp, dp = req.dp_size, 1
+    if attn_dp < 1 or req.tp_size % attn_dp:
+        raise UserError(f"the attention-DP size ({attn_dp}) must divide --tp-size ({req.tp_size})")
+    gpus = req.nodes * req.gpus_per_node
+    if req.tp_size * dp != gpus:
+        raise UserError(f"{req.nodes} node(s) x {req.gpus_per_node} GPU(s) = {gpus} GPUs, but tp-size {req.tp_size} "
+                        f"x dp-size {dp} replicas needs {req.tp_size * dp}: make them agree")
+    return Parallel(gpus=gpus, tp_size=req.tp_size, dp_size=dp, attn_dp_size=attn_dp,
+                    attn_tp_size=req.tp_size // attn_dp)
 
 
-def _memory(args, target, model, par) -> tuple[dict, list[str]]:
-    from dsaops.cli import UserError
-
-    pre = args.gpu_memory_gib - target.reserved_memory_gib
-    assumptions = [(f"free memory before weights: --gpu-memory-gib {args.gpu_memory_gib:g} less {target.name}'s "
+def _free_memory(req: PlanRequest, target, model, par: Parallel) -> tuple[float, float, str, list[str]]:
+    """Free GPU memory before and after the weights load, where the second figure came from, and
+    what it assumes."""
+    pre = req.gpu_memory_gib - target.reserved_memory_gib
+    assumptions = [(f"free memory before weights: --gpu-memory-gib {req.gpu_memory_gib:g} less {target.name}'s "
                     f"reserved_memory_gib {target.reserved_memory_gib:g} (dsaops/targets.toml)")]
-    if args.free_memory_gib is not None:
-        free, source = args.free_memory_gib, "--free-memory-gib"
+    if req.free_memory_gib is not None:
+        free, source = req.free_memory_gib, "--free-memory-gib"
     else:
-        weights = args.weights_gib if args.weights_gib is not None else model.checkpoint_gib
+        weights = req.weights_gib if req.weights_gib is not None else model.checkpoint_gib
         if weights is None:
             raise UserError("the model has no checkpoint size: pass --free-memory-gib (the `avail mem=` of SGLang's "
                             "`Load weight end` log line) or --weights-gib")
-        per_gpu = weights / par["tp_size"]
-        free, source = pre - per_gpu, "--weights-gib" if args.weights_gib is not None else "preset estimate"
-        what = "--weights-gib" if args.weights_gib is not None else f"the preset's estimate ({model.checkpoint_gib_basis})"
-        assumptions.append(f"free memory after weights ASSUMED: {pre:.1f} - {weights:g} GiB / tp {par['tp_size']} = "
+        free = pre - weights / par.tp_size
+        source = "--weights-gib" if req.weights_gib is not None else "preset estimate"
+        what = "--weights-gib" if req.weights_gib is not None else f"the preset's estimate ({model.checkpoint_gib_basis})"
+        assumptions.append(f"free memory after weights ASSUMED: {pre:.1f} - {weights:g} GiB / tp {par.tp_size} = "
                            f"{free:.1f} GiB per GPU from {what}; for an exact plan pass --free-memory-gib with the "
                            "`avail mem=` of SGLang's `Load weight end` log line")
     if free <= 0 or free > pre:
         raise UserError(f"free memory after weights comes to {free:.1f} GiB per GPU (of {pre:.1f} before weights): "
                         "check --gpu-memory-gib, --weights-gib and --tp-size")
-    return {"gpu_memory_gib": args.gpu_memory_gib, "reserved_gib": target.reserved_memory_gib,
-            "pre_load_free_gib": round(pre, 3), "free_after_weights_gib": round(free, 3),
-            "free_after_weights_source": source,
-            "slack_gib": round(pre * (1 - args.mem_fraction_static), 3)}, assumptions
+    return pre, free, source, assumptions
 
 
-def _mamba_slots_per_request(args) -> int:
+def _mamba_slots_per_request(req: PlanRequest) -> int:
     """overrides.py _mamba_radix_cache_resolution: `auto` keeps the extra buffer unless overlap
     scheduling is off (GLM-5.3-Flash pages are 64 tokens, so it stays on); no_buffer turns
     overlap off. Then kv_cache_configurator.py _calculate_mamba_ratio."""
-    from dsaops.cli import UserError
-    from dsaops.concurrency import mamba_slots_per_request
-
-    strategy = args.mamba_radix_cache_strategy
+    strategy = req.mamba_radix_cache_strategy
     if strategy == "auto":
         strategy = "extra_buffer"
-    overlap = not args.disable_overlap_schedule and strategy != "no_buffer"
+    overlap = not req.disable_overlap_schedule and strategy != "no_buffer"
     try:
-        return mamba_slots_per_request(disable_radix_cache=args.disable_radix_cache,
-                                       extra_buffer=strategy.startswith("extra_buffer"), overlap=overlap,
-                                       lazy=strategy == "extra_buffer_lazy", skip_decode_lock=args.skip_decode_lock)
+        return concurrency.mamba_slots_per_request(
+            disable_radix_cache=req.disable_radix_cache, extra_buffer=strategy.startswith("extra_buffer"),
+            overlap=overlap, lazy=strategy == "extra_buffer_lazy", skip_decode_lock=req.skip_decode_lock)
     except ValueError as e:
         raise UserError(str(e)) from None
 
 
-def _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req) -> list[str]:
+def _warnings(req: PlanRequest, par: Parallel, conc, tokens, context, backends, mamba, slots_per_req) -> list[str]:
     out = []
-    dp = par["attn_dp_size"]
+    dp = par.attn_dp_size
     if conc.binding == "dp_split":
         out.append(f"--max-running-requests {conc.requested} is per deployment: SGLang divides it by the "
                    f"attention-DP size {dp}, so each DP rank runs {conc.requested_per_dp} "
@@ -232,7 +335,7 @@ def _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req) 
         out.append(f"the KV pool ({tokens} tokens) caps each DP rank at {conc.kv_cap} running requests (tokens // 2); "
                    "raise --mem-fraction-static or use --kv-cache-dtype fp8_e4m3 with tilelang backends")
     if conc.binding == "mamba":
-        halve = ", or halve the state with --mamba-ssm-dtype bfloat16" if args.mamba_ssm_dtype == "float32" else ""
+        halve = ", or halve the state with --mamba-ssm-dtype bfloat16" if req.mamba_ssm_dtype == "float32" else ""
         out.append(f"the mamba state cache caps each DP rank at {conc.mamba_cap} running requests "
                    f"(max_mamba_cache_size {mamba.slots_per_dp} // {slots_per_req} state slots per request; SGLang "
                    f"says so only in a WARNING log line): raise --max-mamba-cache-size or --mamba-full-memory-ratio{halve}")
@@ -248,55 +351,30 @@ def _warnings(args, par, conc, tokens, context, backends, mamba, slots_per_req) 
     return out
 
 
-def _sglang_args(args, par, kv_dtype, backends) -> list[str]:
-    """The launch flags this plan describes, in 0.5.23's spelling (--attn-dp-size)."""
-    out = ["--tp-size", str(par["tp_size"])]
-    if par["dp_size"] > 1:
-        out += ["--dp-size", str(par["dp_size"])]
-    if par["attn_dp_size"] > 1:
-        out += ["--attn-dp-size", str(par["attn_dp_size"])]
-    if args.nodes > 1:
-        out += ["--nnodes", str(args.nodes)]
-    out += ["--kv-cache-dtype", kv_dtype if kv_dtype == "fp8_e4m3" else "bfloat16",
-            "--dsa-prefill-backend", backends.prefill, "--dsa-decode-backend", backends.decode,
-            "--mem-fraction-static", f"{args.mem_fraction_static:g}"]
-    for flag in ("context_length", "max_running_requests", "max_mamba_cache_size", "mamba_full_memory_ratio",
-                 "speculative_num_draft_tokens"):
-        if (value := getattr(args, flag)) is not None:
-            out += ["--" + flag.replace("_", "-"), f"{value:g}" if isinstance(value, float) else str(value)]
-    if args.mamba_ssm_dtype != "float32":
-        out += ["--mamba-ssm-dtype", args.mamba_ssm_dtype]
-    if args.speculative_num_draft_tokens:
-        out += ["--speculative-algorithm", "EAGLE"]
-    return out
-
-
-def render(p: dict) -> str:
-    c, m = p["kv_bytes_per_token_detail"], p["memory"]
-    par = p["parallel"]
+def render(p: Plan) -> str:
+    c, m, par = p.kv_bytes_per_token_detail, p.memory, p.parallel
     lines = [
-        (f"dsaops plan: {p['model']} on {p['target']}, {par['gpus']} GPUs: tp {par['tp_size']}, "
-         f"attention-DP {par['attn_dp_size']} (attention TP {par['attn_tp_size']}), replicas {par['dp_size']}"),
-        (f"KV layout        {p['kv_layout']} ({p['kv_storage_dtype']}), prefill={p['dsa_prefill_backend']} "
-         f"decode={p['dsa_decode_backend']}"),
-        (f"KV bytes/token   {p['kv_bytes_per_token']:,} = attention {c['attention_layers']} x {c['attention_per_layer']} "
+        (f"dsaops plan: {p.model} on {p.target}, {par.gpus} GPUs: tp {par.tp_size}, "
+         f"attention-DP {par.attn_dp_size} (attention TP {par.attn_tp_size}), replicas {par.dp_size}"),
+        (f"KV layout        {p.kv_layout} ({p.kv_storage_dtype}), prefill={p.dsa_prefill_backend} "
+         f"decode={p.dsa_decode_backend}"),
+        (f"KV bytes/token   {p.kv_bytes_per_token:,} = attention {c['attention_layers']} x {c['attention_per_layer']} "
          f"= {c['attention']:,} + DSA indexer {c['indexer_layers']} x {c['indexer_per_layer']} = {c['indexer']:,}"
          + (f" + MTP draft {c['draft']:,}" if c["draft"] else "")),
-        (f"memory per GPU   {m['free_after_weights_gib']:.2f} GiB free after weights ({m['free_after_weights_source']})"
-         f" - slack {m['slack_gib']:.2f} = {m['rest_gib']:.2f} GiB for mamba + KV"),
-        (f"KV pool          {p['kv_pool_tokens_per_rank']:,} tokens per rank ({p['kv_pool_gib_per_rank']:.2f} GiB as "
+        (f"memory per GPU   {m.free_after_weights_gib:.2f} GiB free after weights ({m.free_after_weights_source})"
+         f" - slack {m.slack_gib:.2f} = {m.rest_gib:.2f} GiB for mamba + KV"),
+        (f"KV pool          {p.kv_pool_tokens_per_rank:,} tokens per rank ({p.kv_pool_gib_per_rank:.2f} GiB as "
          "SGLang logs it)"),
     ]
-    if p["mamba_slots_per_dp"] is not None:
-        s = p["mamba_slot_bytes"]
-        lines.append(f"mamba state      {p['mamba_slots_per_dp']} slots per DP rank ({p['mamba_slots_source']}), "
+    if p.mamba_slots_per_dp is not None:
+        s = p.mamba_slot_bytes
+        lines.append(f"mamba state      {p.mamba_slots_per_dp} slots per DP rank ({p.mamba_slots_source}), "
                      f"{s['total'] / (1 << 20):.2f} MiB a slot (conv {s['conv'] / (1 << 20):.2f} + ssm "
-                     f"{s['ssm'] / (1 << 20):.2f}, {s['layers']} KDA layers), {m['mamba_pool_gib']:.2f} GiB; "
-                     f"{p['mamba_state_slots_per_request']} slots a request -> cap {p['mamba_running_requests_cap']}")
-    lines.append(f"running requests {p['max_running_requests_per_dp']} per DP rank (requested "
-                 f"{p['max_running_requests_requested'] or 'default'}; binding: {p['binding_limit']})")
-    lines += [f"WARNING: {w}" for w in p["warnings"]]
-    lines += [f"note: {a}" for a in p["assumptions"]]
-    lines.append("sglang args: " + " ".join(p["sglang_args"]))
+                     f"{s['ssm'] / (1 << 20):.2f}, {s['layers']} KDA layers), {m.mamba_pool_gib:.2f} GiB; "
+                     f"{p.mamba_state_slots_per_request} slots a request -> cap {p.mamba_running_requests_cap}")
+    lines.append(f"running requests {p.max_running_requests_per_dp} per DP rank (requested "
+                 f"{p.max_running_requests_requested or 'default'}; binding: {p.binding_limit})")
+    lines += [f"WARNING: {w}" for w in p.warnings]
+    lines += [f"note: {a}" for a in p.assumptions]
+    lines.append("sglang args: " + " ".join(p.sglang_args))
     return "\n".join(lines)
-

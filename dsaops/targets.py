@@ -7,10 +7,13 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
+from dsaops import pins
+from dsaops.errors import UserError
+
 TABLE = Path(__file__).with_name("targets.toml")
 
 
-class UnknownTarget(ValueError):
+class UnknownTarget(UserError):
     """A target name that is not in the table; the message lists the valid ones."""
 
 
@@ -50,7 +53,9 @@ class Target:
 @cache
 def table() -> dict[str, Target]:
     raw = tomllib.loads(TABLE.read_text())
-    return {name: Target(name=name, **{**row, "features": tuple(row["features"])}) for name, row in raw.items()}
+    return {name: Target(name=name, **{**row, "base_image": row["base_image"].format(sglang=pins.SGLANG),
+                                       "features": tuple(row["features"])})
+            for name, row in raw.items()}
 
 
 def get(name: str) -> Target:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
+
+from dsaops.errors import UserError
 
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
 
@@ -48,39 +51,49 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from dsaops import verify_probes as vp
-    from dsaops.cli import UserError
 
     if not args.server_url:
         raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
     depths = _depths(args.niah_depths)
     reference = _read_reference(args.reference) if args.reference else None
-    progress = vp.stderr_progress
+    model, results = run_probes(args.server_url, model=args.model, niah_depths=depths, reference=reference,
+                                max_tokens=args.max_tokens, timeout=args.timeout,
+                                niah_timeout_per_ktok=args.niah_timeout_per_ktok, progress=vp.stderr_progress)
+    if args.record and model is not None:
+        _write_reference(args.record, args.server_url, model, results)
+        vp.stderr_progress(f"reference written to {args.record}")
+    return _report(args, model, results)
+
+
+def run_probes(server_url: str, *, model: str | None = None, niah_depths: Sequence[int] = (), reference: dict | None = None,
+               max_tokens: int = 2048, timeout: float = 180.0, niah_timeout_per_ktok: float = 4.0,
+               progress=lambda line: None) -> tuple[str | None, list]:
+    """Every answer probe, then the needle probes at each depth and position: (the model asked, one
+    verify_probes.ProbeResult each). Without an answer from /v1/models: (None, [that failure])."""
+    from dsaops import verify_probes as vp
+
     results: list[vp.ProbeResult] = []
     try:
-        model = args.model or vp.server_model(args.server_url, timeout=min(args.timeout, 30))
+        model = model or vp.server_model(server_url, timeout=min(timeout, 30))
     except vp.ProbeError as e:
-        results.append(vp.ProbeResult("server", "server", e.status, f"/v1/models: {e.detail}", 0.0))
-        return _report(args, None, results)
-    total = len(vp.PROMPTS) + len(depths) * len(vp.NIAH_POSITIONS)
+        return None, [vp.ProbeResult("server", "server", e.status, f"/v1/models: {e.detail}", 0.0)]
+    total = len(vp.PROMPTS) + len(niah_depths) * len(vp.NIAH_POSITIONS)
     step = 0
     for probe_id, prompt, expected in vp.PROMPTS:
         step += 1
         progress(f"[{step}/{total}] answer {probe_id}")
-        results.append(vp.answer_probe(args.server_url, model, probe_id, prompt, expected, reference=reference,
-                                       max_tokens=args.max_tokens, timeout=args.timeout, progress=progress))
+        results.append(vp.answer_probe(server_url, model, probe_id, prompt, expected, reference=reference,
+                                       max_tokens=max_tokens, timeout=timeout, progress=progress))
         _progress_done(progress, results[-1])
-    for depth in depths:
+    for depth in niah_depths:
         for position in vp.NIAH_POSITIONS:
             step += 1
-            timeout = args.timeout + depth / 1000 * args.niah_timeout_per_ktok
-            progress(f"[{step}/{total}] needle at {position} of ~{depth} tokens (timeout {timeout:.0f} s)")
-            results.append(vp.niah_probe(args.server_url, model, depth, position, max_tokens=args.max_tokens,
-                                         timeout=timeout, progress=progress))
+            probe_timeout = timeout + depth / 1000 * niah_timeout_per_ktok
+            progress(f"[{step}/{total}] needle at {position} of ~{depth} tokens (timeout {probe_timeout:.0f} s)")
+            results.append(vp.niah_probe(server_url, model, depth, position, max_tokens=max_tokens,
+                                         timeout=probe_timeout, progress=progress))
             _progress_done(progress, results[-1])
-    if args.record:
-        _write_reference(args.record, args.server_url, model, results)
-        progress(f"reference written to {args.record}")
-    return _report(args, model, results)
+    return model, results
 
 
 def _progress_done(progress, r) -> None:
@@ -100,8 +113,6 @@ def _report(args, model, results) -> int:
 
 
 def _depths(text: str) -> list[int]:
-    from dsaops.cli import UserError
-
     try:
         depths = [int(d) for d in text.replace(" ", "").split(",") if d]
     except ValueError:
@@ -113,8 +124,6 @@ def _depths(text: str) -> list[int]:
 
 
 def _read_reference(path: str) -> dict:
-    from dsaops.cli import UserError
-
     try:
         with open(path, encoding="utf-8") as f:
             return dict(json.load(f)["answers"])
@@ -135,7 +144,6 @@ def run_boot_gate(args) -> int:
     import subprocess
 
     from dsaops import boot_gate
-    from dsaops.cli import UserError
 
     cleanup = None
     if args.image:

@@ -64,9 +64,12 @@ class ProbeError(Exception):
 
 # ---------------------------------------------------------------- HTTP client
 
-def _request(url: str, payload: dict | None, timeout: float) -> dict:
+def _request(url: str, payload: dict | None, timeout: float, api_key: str | None = None) -> dict:
     data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
@@ -86,20 +89,26 @@ def _request(url: str, payload: dict | None, timeout: float) -> dict:
         raise ProbeError("error", f"unreadable reply: {body[:200]!r}") from None
 
 
-def server_model(server_url: str, timeout: float) -> str:
+def get_json(url: str, timeout: float, api_key: str | None = None) -> dict:
+    """GET a JSON document; ProbeError when there is none."""
+    return _request(url, None, timeout, api_key)
+
+
+def server_model(server_url: str, timeout: float, api_key: str | None = None) -> str:
     """The first model the server lists (/v1/models)."""
-    reply = _request(server_url.rstrip("/") + "/v1/models", None, timeout)
+    reply = get_json(server_url.rstrip("/") + "/v1/models", timeout, api_key)
     try:
         return reply["data"][0]["id"]
     except (KeyError, IndexError, TypeError):
         raise ProbeError("error", f"/v1/models lists no model: {str(reply)[:200]}") from None
 
 
-def chat(server_url: str, model: str, prompt: str, *, max_tokens: int, timeout: float) -> str:
+def chat(server_url: str, model: str, prompt: str, *, max_tokens: int, timeout: float,
+         api_key: str | None = None) -> str:
     """The final answer of one temperature-0 chat completion (after any </think>)."""
     reply = _request(server_url.rstrip("/") + "/v1/chat/completions",
                      {"model": model, "messages": [{"role": "user", "content": prompt}],
-                      "temperature": 0, "max_tokens": max_tokens}, timeout)
+                      "temperature": 0, "max_tokens": max_tokens}, timeout, api_key)
     try:
         choice = reply["choices"][0]
         content = choice["message"].get("content") or ""

@@ -1,10 +1,14 @@
-"""`dsaops exporter` and `dsaops healthcheck` (top-level imports stay stdlib-only)."""
+"""`dsaops exporter`, `dsaops healthcheck`, `dsaops docker-proxy`, `dsaops log-writer`
+(top-level imports stay stdlib-only)."""
 from __future__ import annotations
 
 import os
 import socket
 
+from dsaops.errors import UserError
+
 DEFAULT_LISTEN = "0.0.0.0:9860"  # not 9400 (dcgm-exporter) nor 9100 (node_exporter)
+DEFAULT_PROXY_SOCKET = "/run/dsaops/docker.sock"
 
 
 def add_parser(sub) -> None:
@@ -18,8 +22,16 @@ def add_parser(sub) -> None:
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between /server_info polls (default 5)")
     p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank for the alert")
+    p.add_argument("--state-file", help="where counts and the ranks seen persist across restarts of the exporter "
+                                        "(a file on the node, e.g. /var/lib/dsaops/exporter/state.json)")
+    p.add_argument("--stop-window", type=float, default=20.0,
+                   help="seconds the ranks of one server may take to stop one after another (default 20)")
     p.add_argument("--container", action="append", default=[],
                    help="a Docker container to watch (restarts, exit code, OOMKilled); repeatable")
+    p.add_argument("--docker-url", help="the Docker Engine's address, e.g. unix:///run/dsaops/docker.sock "
+                                        "(`dsaops docker-proxy`); default: $DOCKER_HOST or the local socket")
+    p.add_argument("--kmsg", default="/dev/kmsg", help="the kernel log, for OOM-killer records; 'none' to skip")
+    p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="where the node's cgroup v2 tree is mounted")
     p.set_defaults(func=run_exporter)
 
     h = sub.add_parser("healthcheck", help="container HEALTHCHECK: /health and the scheduler ranks, within 5 s")
@@ -30,10 +42,24 @@ def add_parser(sub) -> None:
     h.add_argument("--docker-url", help="the Docker Engine's address (default: $DOCKER_HOST or the local socket)")
     h.set_defaults(func=run_healthcheck)
 
+    d = sub.add_parser("docker-proxy", help="the Docker API reduced to reading the state of named containers",
+                       description="Hold the Docker socket and answer only GET /_ping, /version and "
+                                   "/containers/NAME/json for the allowed names, reduced to their state.")
+    d.add_argument("--allow", action="append", required=True, help="a container name that may be read; repeatable")
+    d.add_argument("--listen", default=DEFAULT_PROXY_SOCKET, help=f"Unix socket to answer on (default {DEFAULT_PROXY_SOCKET})")
+    d.add_argument("--docker-socket", default="/var/run/docker.sock", help="the Docker Engine's socket")
+    d.set_defaults(func=run_docker_proxy)
+
+    w = sub.add_parser("log-writer", help="append standard input to a log file, rotated by size, and echo it",
+                       description="The image's log writer: stdin to FILE (rotated to FILE.1 … FILE.KEEP when it "
+                                   "passes --max-bytes) and to stdout (docker logs).")
+    w.add_argument("file")
+    w.add_argument("--max-bytes", help="rotate past this size (default $DSAOPS_LOG_MAX_BYTES or 268435456, 256 MiB)")
+    w.add_argument("--keep", help="rotated files kept (default $DSAOPS_LOG_KEEP or 4)")
+    w.set_defaults(func=run_log_writer)
+
 
 def parse_listen(value: str) -> tuple[str, int]:
-    from dsaops.cli import UserError
-
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise UserError(f"--listen {value!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
@@ -45,16 +71,20 @@ def run_exporter(args) -> int:
     from dsaops.healthchecks.http import serve
     from dsaops.healthchecks.server_info import read_plan
 
-    from dsaops.cli import UserError
-
     host, port = parse_listen(args.listen)
     if args.interval <= 0:
         raise UserError("--interval must be a positive number of seconds")
+    if not 0 < args.stop_window <= 600:
+        raise UserError("--stop-window must be in (0, 600] seconds")
     if not args.server_url.startswith(("http://", "https://")):
         raise UserError(f"--server-url {args.server_url!r}: give an http:// or https:// address")
+    if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
+        raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
     planned = read_plan(args.plan) if args.plan else None
     exporter = Exporter(Config(server_url=args.server_url, node=args.node, log_file=args.log_file,
-                               interval=args.interval, planned_tokens=planned, containers=args.container))
+                               interval=args.interval, stop_window=args.stop_window, planned_tokens=planned,
+                               containers=args.container, docker_url=args.docker_url, state_file=args.state_file,
+                               kmsg=None if args.kmsg == "none" else args.kmsg, cgroup_root=args.cgroup_root))
     try:
         server = serve(exporter, host, port)
     except OSError as e:
@@ -72,3 +102,30 @@ def run_healthcheck(args) -> int:
     from dsaops.healthchecks.healthcheck import run
 
     return run(args)
+
+
+def run_docker_proxy(args) -> int:
+    from dsaops.healthchecks.dockerproxy import serve
+
+    if not os.path.exists(args.docker_socket):
+        raise UserError(f"--docker-socket {args.docker_socket}: no such socket; mount the Docker socket there")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.listen))):
+        raise UserError(f"--listen {args.listen}: its folder does not exist; mount one there")
+    try:
+        server = serve(args.listen, args.docker_socket, args.allow)
+    except OSError as e:
+        raise UserError(f"--listen {args.listen}: {e.strerror}") from e
+    print(f"dsaops docker-proxy: {args.listen} -> {args.docker_socket}, reading {', '.join(args.allow)}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+def run_log_writer(args) -> int:
+    from dsaops.healthchecks.logwriter import run
+
+    max_bytes = args.max_bytes or os.environ.get("DSAOPS_LOG_MAX_BYTES") or str(256 << 20)
+    keep = args.keep or os.environ.get("DSAOPS_LOG_KEEP") or "4"
+    if not max_bytes.isdigit() or int(max_bytes) < 4096 or not keep.isdigit() or not 1 <= int(keep) <= 99:
+        raise UserError(f"log-writer: the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be "
+                        f"at least 4096 bytes and the files kept ({keep!r}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
+    return run(args.file, int(max_bytes), int(keep))

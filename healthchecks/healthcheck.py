@@ -11,6 +11,8 @@ import sys
 import urllib.error
 import urllib.request
 
+from dsaops.errors import UserError
+
 
 def live_ranks() -> list[str]:
     import psutil
@@ -66,8 +68,6 @@ def check(server_url: str, expect_ranks: int | None, timeout: float, container: 
 
 
 def run(args) -> int:
-    from dsaops.cli import UserError
-
     if args.expect_ranks is not None and args.expect_ranks < 1:
         raise UserError("--expect-ranks must be at least 1 (the scheduler ranks this node runs)")
     if not 0 < args.timeout <= 4:

@@ -1,14 +1,31 @@
 """Follow the SGLang server log like `tail -F`, and export what it taught.
 
-The follower starts at the beginning of the current file (a restarted exporter re-learns
-the startup lines), reads in bounded chunks, survives rotation (the path now names another
-file: finish the old one, open the new) and truncation (size below our offset: start over),
-and never holds more than one chunk plus one over-long line in memory.
+The follower reads in bounded chunks and never holds more than one chunk plus one over-long
+line in memory. What it survives, and how each shows in `dsa_log_follower_events_total`:
+
+- rotation (`rotated`): the path now names another file; the old one is read to its end first.
+- truncation in place (`truncated`): the file is shorter than what was read, or its first bytes
+  changed (a truncation followed by fast writes can make it longer again before the next look).
+- a FIFO or another non-regular file at the path (`not_a_file`): never opened, so never blocks.
+- a missing file (`missing`): waited for.
+- lines over `MAX_LINE` bytes (`line_dropped`): dropped.
+
+The last three are bad input and count as `log` errors too (missing or not-a-file once when
+found, then once a minute while it lasts).
+
+Its position (device, inode, the offset after the last whole line, and a hash of the file's
+first bytes) is kept in the LogState, so a restarted exporter resumes there (`resumed`) instead
+of reading gigabytes again, in the file it was reading even if that was rotated to `PATH.1` …
+`PATH.9` meanwhile, then in the newer ones; a file whose first bytes differ is another file,
+read from its beginning (`reread`).
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import stat as st_mode
 import threading
+import time
 
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.loop import BackgroundLoop
@@ -16,74 +33,198 @@ from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 CHUNK = 1 << 20
 MAX_LINE = 64 << 10  # longer "lines" are garbage (a binary blob), not SGLang output
+HEAD = 4096          # the first bytes of a file, which tell it from another one at the same path
+ROTATED = 9          # PATH.1 … PATH.9 are looked at for the file a restarted exporter was reading
+SAY_EVERY_S = 60.0
+EVENTS = ("rotated", "truncated", "resumed", "reread", "missing", "not_a_file", "line_dropped")
+
+
+class _File:
+    def __init__(self, fd: int, st: os.stat_result, offset: int = 0):
+        self.fd, self.ident, self.offset = fd, (st.st_dev, st.st_ino), offset
+        self.consumed = offset       # after the last whole line handed on
+        self.head = os.pread(fd, HEAD, 0)[:offset] if offset else b""
+        self.head_sha = hashlib.sha256(self.head).hexdigest()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _ident(name: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(name)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class LogFollower(BackgroundLoop):
     def __init__(self, path: str, state: LogState, errors: ErrorCounts, poll: float = 0.25):
         super().__init__("log", errors, poll)
         self.path, self.state = path, state
-        self.caught_up = threading.Event()  # set once the first read reached the end of the file
-        self._file = None
-        self._inode = None
+        self.caught_up = threading.Event()  # set once reading first reached the end of the file
+        self.events = dict.fromkeys(EVENTS, 0)
+        self._file: _File | None = None
+        self._queue: list[_File] = []       # rotated files still to read after the current one, in order
         self._partial = b""
         self._skipping = False  # inside an over-long line: drop bytes until its newline
+        self._absent: tuple[str, float] | None = None  # (why, when last counted) while the path is unusable
+
+    # -- position ----------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        return [self.path] + [f"{self.path}.{i}" for i in range(1, ROTATED + 1)]
+
+    def _queue_newer(self, names: list[str]) -> None:
+        """Queue the files rotated after the one being read (PATH.(i-1) … PATH.1); PATH follows."""
+        for newer in reversed(names):
+            if (opened := self._open(newer, quiet=True)) is not None:
+                self._queue.append(_File(*opened))
+
+    def resume(self, position: dict | None) -> None:
+        """Before start: continue where a previous exporter stopped (LogState.position)."""
+        if not position:
+            return
+        names = self._names()
+        for i, name in enumerate(names):
+            found = self._open(name, quiet=True)
+            if found is None:
+                continue
+            fd, st = found
+            try:
+                same = ((st.st_dev, st.st_ino) == (position["dev"], position["ino"])
+                        and st.st_size >= max(position["offset"], position["head_len"])
+                        and hashlib.sha256(os.pread(fd, position["head_len"], 0)).hexdigest() == position["head_sha256"])
+            except (KeyError, TypeError, OSError):
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            self._file = _File(fd, st, position["offset"])
+            self._queue_newer(names[1:i])
+            self.events["resumed"] += 1
+            return
+        self.events["reread"] += 1
+
+    def _note_position(self) -> None:
+        f = self._file
+        with self.state.lock:
+            self.state.position = {"dev": f.ident[0], "ino": f.ident[1], "offset": f.consumed,
+                                   "head_len": len(f.head), "head_sha256": f.head_sha}
+
+    # -- the loop ----------------------------------------------------------------------------
 
     def stop(self) -> None:
         super().stop()
-        if self._file:
-            self._file.close()
+        for f in [self._file, *self._queue]:
+            if f:
+                f.close()
+        self._file, self._queue = None, []
 
     def step(self) -> bool:
         """Read one chunk; True when there may be more to read right away."""
         try:
             return self._read()
-        except OSError:
-            self.errors.inc("log")
-            self._close()
+        except OSError as e:
+            self.errors.report("log", f"reading {self.path}", e)
+            self._next()
             return False
 
     def _read(self) -> bool:
-        if self._file is None and not self._open():
+        if self._file is None and not self._next():
             return False
-        data = self._file.read(CHUNK)
+        f = self._file
+        data = os.pread(f.fd, CHUNK, f.offset)
         if data:
+            if f.offset < HEAD:
+                f.head = (f.head + data)[:HEAD]
+                f.head_sha = hashlib.sha256(f.head).hexdigest()
+            f.offset += len(data)
             self._feed(data)
+            f.consumed = f.offset - len(self._partial)
+            self._note_position()
             return True
         self.caught_up.set()
+        if self._queue:  # an older, rotated file ends here: the newer ones follow
+            return self._next()
         try:
-            st = os.stat(self.path)
+            now = os.stat(self.path)
         except FileNotFoundError:  # rotated away, new file not there yet: keep the old one open
             return False
-        if st.st_ino != self._inode:  # rotated: the old file is read to its end, move on
-            self._close()
-            return self._open()
-        if st.st_size < self._file.tell():  # truncated in place
+        if (now.st_dev, now.st_ino) != f.ident:  # rotated: the old file is read to its end, move on
+            if os.fstat(f.fd).st_size > f.offset:  # written just before the rename
+                return True
+            self.events["rotated"] += 1
+            names = self._names()  # rotated more than once since the last look: the files between come first
+            where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), 1)
+            self._queue_newer(names[1:where])
+            return self._next()
+        if now.st_size < f.offset or os.pread(f.fd, len(f.head), 0) != f.head:  # truncated in place
+            self.events["truncated"] += 1
             self._drop_partial()
-            self._file.seek(0)
+            self._file = _File(f.fd, now)
             return True
         return False
 
-    def _open(self) -> bool:
-        try:
-            self._file = open(self.path, "rb")  # noqa: SIM115 (held open across reads, closed in _close)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            self.errors.inc("log")
-            return False
-        self._inode = os.fstat(self._file.fileno()).st_ino
-        return True
-
-    def _close(self) -> None:
+    def _next(self) -> bool:
+        """Close the current file; go on with the next rotated one, else the path."""
         self._drop_partial()
         if self._file:
             self._file.close()
-        self._file = None
+            self._file = None
+        if self._queue:
+            self._file = self._queue.pop(0)
+            return True
+        opened = self._open(self.path)
+        if opened is None:
+            return False
+        self._file = _File(*opened)
+        return True
+
+    def _open(self, name: str, quiet: bool = False):
+        """(fd, stat) of a regular file at `name`; None (counted unless quiet) otherwise. A FIFO is
+        never opened (that would block); O_NONBLOCK covers one swapped in after the look."""
+        try:
+            before = os.stat(name)
+            if not st_mode.S_ISREG(before.st_mode):
+                raise IsADirectoryError("not a regular file")
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not quiet:
+                self._unusable("missing")
+            return None
+        except OSError as e:
+            if not quiet:
+                self._unusable("not_a_file" if isinstance(e, IsADirectoryError) else "missing", e)
+            return None
+        st = os.fstat(fd)
+        if not st_mode.S_ISREG(st.st_mode):
+            os.close(fd)
+            if not quiet:
+                self._unusable("not_a_file")
+            return None
+        self._absent = None
+        return fd, st
+
+    def _unusable(self, why: str, exc: OSError | None = None) -> None:
+        """Count a missing or unreadable path when found, then once a minute while it lasts."""
+        now = time.monotonic()
+        if self._absent and self._absent[0] == why and now - self._absent[1] < SAY_EVERY_S:
+            return
+        self._absent = (why, now)
+        self.events[why] += 1
+        self.errors.report("log", f"{self.path}: {why.replace('_', ' ')}", exc)
+
+    # -- lines -------------------------------------------------------------------------------
 
     def _drop_partial(self) -> None:
         if self._partial:  # a line cut in half by rotation or truncation
             self.errors.inc("log")
         self._partial, self._skipping = b"", False
+
+    def _dropped(self) -> None:
+        self.events["line_dropped"] += 1
+        self.errors.inc("log")
 
     def _feed(self, data: bytes) -> None:
         cut = data.rfind(b"\n")
@@ -99,7 +240,7 @@ class LogFollower(BackgroundLoop):
             self._block(block)
             self._partial = rest
         if len(self._partial) > MAX_LINE:
-            self.errors.inc("log")
+            self._dropped()
             self._partial, self._skipping = b"", True
 
     def _block(self, block: bytes) -> None:
@@ -112,13 +253,19 @@ class LogFollower(BackgroundLoop):
                 pass
             else:
                 for line in self.state.interesting(text):
-                    self.state.feed(line)
+                    if len(line) > MAX_LINE:
+                        self._dropped()
+                    else:
+                        self.state.feed(line)
                 return
         for raw in block.split(b"\n"):
             self._line(raw)
 
     def _line(self, raw: bytes) -> None:
-        if len(raw) > MAX_LINE or b"\x00" in raw:
+        if len(raw) > MAX_LINE:
+            self._dropped()
+            return
+        if b"\x00" in raw:
             self.errors.inc("log")
             return
         try:
@@ -134,8 +281,8 @@ class LogCollector:
     warning, and the counts of its alarm lines. (The mamba figures the log gives are exported
     by the server_info collector, which prefers the /server_info fields when present.)"""
 
-    def __init__(self, state: LogState, families: Families):
-        self.state, self.f = state, families
+    def __init__(self, state: LogState, families: Families, follower: LogFollower | None = None):
+        self.state, self.f, self.follower = state, families, follower
 
     def collect(self):
         s, f = self.state, self.f
@@ -152,4 +299,11 @@ class LogCollector:
                 reduced.add(req, rank, "requested").add(eff, rank, "effective")
             for event, n in sorted(s.events.items()):
                 events.add(n, event)
-        return [tokens.family, size.family, reduced.family, events.family]
+        out = [tokens.family, size.family, reduced.family, events.family]
+        if self.follower is not None:
+            followed = f.counter("dsa_log_follower_events_total", "What the log follower met: rotated, truncated, "
+                                 "resumed, reread, missing, not_a_file, line_dropped", ("event",))
+            for event, n in self.follower.events.items():
+                followed.add(n, event)
+            out.append(followed.family)
+        return out

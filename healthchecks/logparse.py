@@ -80,7 +80,42 @@ class LogState:
     exits: OrderedDict = field(default_factory=OrderedDict)  # pid -> (exit code, line time, crashed?)
     shutdowns: list = field(default_factory=list)       # line times of clean-stop lines (last few)
     events: dict = field(default_factory=lambda: {"sigquit": 0, "health_check_failed": 0, "sigterm": 0})
+    position: dict | None = None                        # where the follower stands (logfollow)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def to_json(self, keep_exits: int = 256) -> dict:
+        """What the log taught, for the state file: a restarted exporter resumes reading after
+        `position` and must not forget the startup lines it read before."""
+        with self.lock:
+            return {"kv": self.kv, "mamba_slots": self.mamba_slots, "mamba_cap": self.mamba_cap,
+                    "reduced": self.reduced, "exits": [[pid, *rec] for pid, rec in self.exits.items()][-keep_exits:],
+                    "shutdowns": self.shutdowns, "events": self.events, "position": self.position}
+
+    @staticmethod
+    def _parse(saved: dict) -> dict:
+        return {"kv": {str(r): (str(d), int(n), float(b)) for r, (d, n, b) in saved["kv"].items()},
+                "mamba_slots": {str(r): int(n) for r, n in saved["mamba_slots"].items()},
+                "mamba_cap": {str(r): (int(c), int(s), int(k)) for r, (c, s, k) in saved["mamba_cap"].items()},
+                "reduced": {str(r): (int(a), int(b)) for r, (a, b) in saved["reduced"].items()},
+                "exits": OrderedDict((int(pid), (int(code), float(when), bool(crashed)))
+                                     for pid, code, when, crashed in saved["exits"]),
+                "shutdowns": [float(t) for t in saved["shutdowns"]][-8:],
+                "events": {k: int(v) for k, v in saved["events"].items()},
+                "position": None if saved["position"] is None else {
+                    k: (str if k == "head_sha256" else int)(saved["position"][k])
+                    for k in ("dev", "ino", "offset", "head_len", "head_sha256")}}
+
+    def check(self, saved: dict) -> None:
+        """Raise when `saved` is not what to_json writes."""
+        self._parse(saved)
+
+    def restore(self, saved: dict) -> None:
+        parsed = self._parse(saved)
+        with self.lock:
+            events = {**self.events, **{k: v for k, v in parsed.pop("events").items() if k in self.events}}
+            for name, value in parsed.items():
+                setattr(self, name, value)
+            self.events = events
 
     @staticmethod
     def interesting(text: str):
@@ -146,6 +181,11 @@ class LogState:
         if rec and rec[1] >= since:
             return rec[0], rec[2]
         return None
+
+    def forget_exit(self, pid: int) -> None:
+        """A line serves one process: pids repeat (a restarted container numbers its processes alike)."""
+        with self.lock:
+            self.exits.pop(pid, None)
 
     def clean_stop_since(self, since: float) -> bool:
         """A clean-stop line (`SIGTERM received…`) written after `since`."""

@@ -1,12 +1,16 @@
-"""Plumbing every collector shares: metric families that carry `node`, and the error counts."""
+"""Plumbing every collector shares: metric families that carry `node`, the error counts, and
+the one place a failure is both counted and said (in the exporter's own log, rate-limited)."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-ERROR_SOURCES = ("server_info", "log", "processes", "kmsg", "cgroup", "hostmem", "docker")
+ERROR_SOURCES = ("server_info", "log", "processes", "kmsg", "cgroup", "hostmem", "docker", "state",
+                 "exporter")
+SAY_EVERY_S = 60.0  # the same complaint is printed at most once a minute
 
 
 class Families:
@@ -36,14 +40,30 @@ class ErrorCounts:
     """`dsa_exporter_errors_total{source}`: bad input met, per source; every source starts at 0
     so that `increase()` sees the first error. Also each background loop's last heartbeat."""
 
-    def __init__(self):
+    def __init__(self, say=None):
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(ERROR_SOURCES, 0)
         self._beats: dict[str, float] = {}
+        self._said: dict[str, float] = {}
+        self._say = say or (lambda line: print(line, file=sys.stderr, flush=True))
 
     def inc(self, source: str) -> None:
         with self._lock:
             self._counts[source] += 1
+
+    def report(self, source: str, what: str, exc: BaseException | None = None) -> None:
+        """Count an error of `source` and say it in one line (the same line at most once a minute):
+        a failure is never silent, and a flood of the same one does not fill the log."""
+        self.inc(source)
+        line = f"dsaops exporter: {source}: {what}" + (f": {type(exc).__name__}: {exc}"[:300] if exc else "")
+        now = time.monotonic()
+        with self._lock:
+            if now - self._said.get(line, -SAY_EVERY_S) < SAY_EVERY_S:
+                return
+            self._said[line] = now
+            if len(self._said) > 256:
+                self._said = {k: v for k, v in self._said.items() if now - v < SAY_EVERY_S}
+        self._say(line)
 
     def beat(self, loop: str) -> None:
         self._beats[loop] = time.monotonic()

@@ -12,8 +12,10 @@ from collections import OrderedDict
 
 from dsaops.healthchecks.metrics import ErrorCounts
 
-# "Out of memory: Killed process 1234 (python3) …" and "oom-kill:constraint=…,task=python3,pid=1234,uid=0"
+# "Out of memory: Killed process 1234 (python3) …" and "oom-kill:constraint=…,task=python3,pid=1234,uid=0",
+# after the record's "priority,sequence,microseconds since boot,flags;" prefix
 _OOM_PID = re.compile(rb"(?:Killed process |oom-kill:.*\bpid=)(\d+)")
+_STAMP = re.compile(rb"^\d+,\d+,(\d+),")
 
 
 class KernelOomRecords:
@@ -26,7 +28,7 @@ class KernelOomRecords:
         self.errors, self.path, self.retry_s, self.keep = errors, path, retry_s, keep
         self._fd: int | None = None
         self._next_try = 0.0
-        self.killed: OrderedDict[int, None] = OrderedDict()
+        self.killed: OrderedDict[int, float] = OrderedDict()  # pid -> seconds since boot of the record
 
     def refresh(self) -> None:
         if self._fd is None and not self._open():
@@ -44,15 +46,18 @@ class KernelOomRecords:
                 return
             if not record:  # a plain file (tests, a saved dmesg) ends; /dev/kmsg would block
                 return
+            stamp = _STAMP.match(record)
             for m in _OOM_PID.finditer(record):
-                self.killed[int(m[1])] = None
+                self.killed[int(m[1])] = int(stamp[1]) / 1e6 if stamp else float("inf")
                 self.killed.move_to_end(int(m[1]))
             while len(self.killed) > self.keep:
                 self.killed.popitem(last=False)
 
-    def was_killed(self, pid: int) -> bool:
+    def was_killed(self, pid: int, since_boot_s: float = 0.0) -> bool:
+        """An OOM record for `pid` written after `since_boot_s` (the process's start: the kernel log
+        keeps records of processes that had the pid before)."""
         self.refresh()
-        return pid in self.killed
+        return pid in self.killed and self.killed[pid] >= since_boot_s - 1
 
     def _open(self) -> bool:
         now = time.monotonic()

@@ -1,68 +1,172 @@
 """The server's own account: /server_info (head node), polled in the background.
 
 Pristine 0.5.23 gives the resolved arguments at the top level and, per DP rank,
-`internal_states[]` with `effective_max_running_requests_per_dp` and `memory_usage`
-(`token_capacity`, `kvcache` in GiB). The observability patch adds per DP rank
-`max_mamba_cache_size`, `mamba_state_slots_per_request` and `mamba_running_requests_cap`;
-without them the mamba figures come from the log. Worker nodes (node rank >= 1) have no
-/server_info: there a 404 falls back to their dummy /health.
+`internal_states[]`: every resolved server argument again (`resolved_server_args_dict`, so
+`max_mamba_cache_size` is there on any server, as the global argument), plus
+`effective_max_running_requests_per_dp` and `memory_usage` (`token_capacity`, `kvcache` in
+GiB). The observability patch adds per DP rank `mamba_state_slots_per_request` and
+`mamba_running_requests_cap` and turns `max_mamba_cache_size` into the per-rank value: its
+own two keys, never `max_mamba_cache_size`, tell a patched server. Without them the mamba
+figures come from the log. Worker nodes (node rank >= 1) have no /server_info: there a 404
+falls back to their dummy /health.
+
+An answer is read with a total deadline and a size cap (`fetch`), and turned into typed
+values field by field: a field of the wrong type, out of range or not finite (1e999) is
+counted and left out, and only the series it feeds go missing.
 """
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
+import math
+from dataclasses import dataclass
 
+from dsaops.healthchecks import fetch
 from dsaops.healthchecks.logparse import GIB, LogState
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 from dsaops import concurrency
+from dsaops.errors import UserError
 
 # Keys read from /server_info; the contract test finds each in the pinned wheel.
 TOP_KEYS = ("max_running_requests", "attn_dp_size", "context_length", "kv_cache_dtype",
             "dsa_prefill_backend", "dsa_decode_backend", "max_total_num_tokens", "internal_states")
 STATE_KEYS = ("effective_max_running_requests_per_dp", "memory_usage", "token_capacity", "kvcache")
-PATCH_KEYS = ("max_mamba_cache_size", "mamba_state_slots_per_request", "mamba_running_requests_cap")
+# What the observability patch adds per DP rank; the first two exist only where it is applied.
+PATCH_KEYS = ("mamba_state_slots_per_request", "mamba_running_requests_cap", "max_mamba_cache_size")
+PATCH_MARKERS = PATCH_KEYS[:2]
+
+MAX_BYTES = 8 << 20   # 8 MiB: 256 DP ranks of every server argument fit several times over
+MAX_DP_RANKS = 1024
+MAX_COUNT = 1 << 40   # token counts, requests, slots: anything larger is garbage
+MAX_TEXT = 128        # dtype and backend names
 
 
-def get_json(url: str, timeout: float):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
+@dataclass(frozen=True)
+class DpState:
+    token_capacity: int | None
+    kvcache_gib: float | None
+    effective: int | None
+    mamba: dict[str, int]   # the patch's fields (per DP rank); empty when pristine
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    max_running_requests: int | None
+    attn_dp_size: int
+    context_length: int | None
+    kv_cache_dtype: str | None
+    prefill: str | None
+    decode: str | None
+    max_total_num_tokens: int | None
+    states: tuple[DpState, ...]
+    patched: bool
+
+
+class _Reader:
+    """Typed reads of one answer; a present but unusable field is counted (once per answer)."""
+
+    def __init__(self):
+        self.bad: list[str] = []
+
+    def count(self, d: dict, key: str, low: int = 0, high: int = MAX_COUNT) -> int | None:
+        v = d.get(key)
+        if v is None:
+            return None
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            self.bad.append(key)
+            return None
+        return v
+
+    def number(self, d: dict, key: str) -> float | None:
+        v = d.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v < MAX_COUNT:
+            self.bad.append(key)
+            return None
+        return float(v)
+
+    def text(self, d: dict, key: str) -> str | None:
+        v = d.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, str) or not 0 < len(v) <= MAX_TEXT or not v.isprintable():
+            self.bad.append(key)
+            return None
+        return v
+
+
+def parse(raw) -> tuple[ServerInfo, list[str]]:
+    """A /server_info answer -> (typed values, the keys that were present but unusable).
+    TypeError when the answer is not /server_info's outline at all."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("internal_states"), list):
+        raise TypeError("not the /server_info shape (an object with an internal_states list)")
+    r = _Reader()
+    states = []
+    listed = raw["internal_states"]
+    if len(listed) > MAX_DP_RANKS:
+        r.bad.append("internal_states")
+        listed = listed[:MAX_DP_RANKS]
+    for s in listed:
+        if not isinstance(s, dict):
+            r.bad.append("internal_states[]")
+            s = {}
+        usage = s.get("memory_usage")
+        if usage is not None and not isinstance(usage, dict):
+            r.bad.append("memory_usage")
+            usage = None
+        usage = usage or {}
+        mamba = {k: v for k in PATCH_KEYS if (v := r.count(s, k)) is not None} if any(
+            k in s for k in PATCH_MARKERS) else {}
+        states.append(DpState(r.count(usage, "token_capacity"), r.number(usage, "kvcache"),
+                              r.count(s, "effective_max_running_requests_per_dp"), mamba))
+    info = ServerInfo(
+        max_running_requests=r.count(raw, "max_running_requests", 1),
+        attn_dp_size=r.count(raw, "attn_dp_size", 1, MAX_DP_RANKS) or 1,
+        context_length=r.count(raw, "context_length", 1) or r.count(raw, "max_req_input_len", 1),
+        kv_cache_dtype=r.text(raw, "kv_cache_dtype"), prefill=r.text(raw, "dsa_prefill_backend"),
+        decode=r.text(raw, "dsa_decode_backend"), max_total_num_tokens=r.count(raw, "max_total_num_tokens"),
+        states=tuple(states), patched=any(any(k in s for k in PATCH_MARKERS) for s in listed if isinstance(s, dict)))
+    return info, r.bad
 
 
 class ServerInfoPoller(BackgroundLoop):
-    def __init__(self, server_url: str, errors: ErrorCounts, interval: float = 5.0, timeout: float = 3.0):
+    def __init__(self, server_url: str, errors: ErrorCounts, interval: float = 5.0, timeout: float = 3.0,
+                 max_bytes: int = MAX_BYTES):
         super().__init__("server_info", errors, interval)
-        self.url, self.timeout = server_url.rstrip("/"), timeout
+        self.url, self.timeout, self.max_bytes = server_url.rstrip("/"), timeout, max_bytes
         self.up = False
-        self.info: dict | None = None
+        self.info: ServerInfo | None = None
 
     def step(self) -> bool:
         self.poll()
         return False
 
+    def _get(self, path: str) -> tuple[int, bytes]:
+        return fetch.get(self.url + path, deadline_s=self.timeout, max_bytes=self.max_bytes)
+
     def poll(self) -> None:
         try:
-            info = get_json(self.url + "/server_info", self.timeout)
-            if not isinstance(info, dict) or not isinstance(info.get("internal_states"), list):
-                raise TypeError("not the /server_info shape")
-            self.up, self.info = True, info
-        except urllib.error.HTTPError as e:
-            self.info = None
-            self.up = e.code == 404 and self._worker_health()
-            if not self.up:
-                self.errors.inc("server_info")
-        except (OSError, ValueError, TypeError):  # refused, timed out, truncated or foreign JSON
+            status, body = self._get("/server_info")
+            if status == 404:  # a worker node: its dummy /health says whether the server is there
+                self.info = None
+                self.up = self._get("/health")[0] == 200
+                if not self.up:
+                    self.errors.report("server_info", f"{self.url}/health did not answer 200")
+                return
+            if status != 200:
+                raise fetch.FetchError(f"/server_info answered {status}")
+            info, bad = parse(json.loads(body))
+        except Exception as e:  # noqa: BLE001 (refused, timed out, too big, not HTTP, not JSON, 200k deep, …)
             self.up, self.info = False, None
-            self.errors.inc("server_info")
-
-    def _worker_health(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=self.timeout) as r:
-                return r.status == 200
-        except OSError:
-            return False
+            self.errors.report("server_info", f"{self.url}/server_info unusable", e)
+            return
+        if bad:
+            self.errors.report("server_info", f"/server_info fields of the wrong type or range: {', '.join(bad[:8])}")
+        self.up, self.info = True, info
 
 
 def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
@@ -86,8 +190,6 @@ def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
 
 def read_plan(path: str) -> int:
     """`kv_pool_tokens_per_rank` from `dsaops plan --json` output."""
-    from dsaops.cli import UserError
-
     try:
         with open(path) as f:
             value = json.load(f)["kv_pool_tokens_per_rank"]
@@ -118,13 +220,7 @@ class ServerInfoCollector:
         info = self.poller.info
         log_kv = self._log_snapshot()
         out.append(self._kv_info(info, log_kv[0]).family)
-        if info is not None:
-            try:
-                out.extend(self._per_dp(info, log_kv))
-            except (TypeError, ValueError, KeyError, AttributeError):  # JSON of the right outline, wrong insides
-                self.poller.errors.inc("server_info")
-        else:
-            out.extend(self._mamba_from_log(log_kv))
+        out.extend(self._per_dp(info, log_kv) if info is not None else self._mamba_from_log(log_kv))
         return out
 
     def _log_snapshot(self):
@@ -133,15 +229,14 @@ class ServerInfoCollector:
         with self.log.lock:
             return dict(self.log.kv), dict(self.log.mamba_slots), dict(self.log.mamba_cap)
 
-    def _kv_info(self, info: dict | None, log_kv: dict):
+    def _kv_info(self, info: ServerInfo | None, log_kv: dict):
         fam = self.f.gauge("dsa_kv_cache_info", "KV cache dtype and row layout (bf16|raw_fp8|scaled_fp8), always 1",
                            ("dtype", "layout"))
         dtype = next(iter(log_kv.values()))[0] if log_kv else None  # the pool's real dtype, e.g. torch.float8_e4m3fn
-        if info is not None and (dtype is None or info.get("kv_cache_dtype") not in (None, "auto")):
-            dtype = dtype or str(info.get("kv_cache_dtype"))
+        if dtype is None and info is not None and info.kv_cache_dtype not in (None, "auto"):
+            dtype = info.kv_cache_dtype
         if dtype is not None:
-            prefill = info.get("dsa_prefill_backend") if info else None
-            decode = info.get("dsa_decode_backend") if info else None
+            prefill, decode = (info.prefill, info.decode) if info else (None, None)
             fam.add(1, dtype.removeprefix("torch."), layout_of(dtype, prefill, decode))
         return fam
 
@@ -161,7 +256,7 @@ class ServerInfoCollector:
             cap.add(c, rank, "")
         return [slots.family, per_req.family, cap.family]
 
-    def _per_dp(self, info: dict, log_kv):
+    def _per_dp(self, info: ServerInfo, log_kv):
         f = self.f
         capacity = f.gauge("dsa_kv_token_capacity", "KV pool tokens per DP rank (/server_info token_capacity)",
                            ("dp_rank",))
@@ -173,32 +268,33 @@ class ServerInfoCollector:
                          ("by", "dp_rank"))
         slots, per_req, cap = self._mamba_families()
         _, log_slots, log_cap = log_kv
-        patched = any(k in s for s in info["internal_states"] for k in PATCH_KEYS)
-        for dp, state in enumerate(info["internal_states"]):
+        for dp, state in enumerate(info.states):
             d = str(dp)
-            usage = state.get("memory_usage") or {}
-            tokens = int(usage.get("token_capacity") or info["max_total_num_tokens"])
-            capacity.add(tokens, d)
-            if usage.get("kvcache") is not None:
-                kv_bytes.add(float(usage["kvcache"]) * GIB, d)
-            if patched:
-                size, ratio = state.get("max_mamba_cache_size"), state.get("mamba_state_slots_per_request")
+            tokens = state.token_capacity or info.max_total_num_tokens
+            if tokens is not None:
+                capacity.add(tokens, d)
+            if state.kvcache_gib is not None:
+                kv_bytes.add(state.kvcache_gib * GIB, d)
+            if info.patched:
                 for fam, key in ((slots, "max_mamba_cache_size"), (per_req, "mamba_state_slots_per_request"),
                                  (cap, "mamba_running_requests_cap")):
-                    if state.get(key) is not None:
-                        fam.add(state[key], "", d)
+                    if key in state.mamba:
+                        fam.add(state.mamba[key], "", d)
+                size, ratio = state.mamba.get("max_mamba_cache_size"), state.mamba.get("mamba_state_slots_per_request")
             else:
                 size = _for_dp(log_slots, dp)
                 ratio = (_for_dp(log_cap, dp) or (None, None, None))[2]
+            if tokens is None:
+                continue  # nothing to weigh the request against
             res = concurrency.resolve(
-                requested=info.get("max_running_requests"), attn_dp_size=int(info.get("attn_dp_size") or 1),
-                token_capacity=tokens, context_len=int(info.get("context_length") or info.get("max_req_input_len") or 1),
+                requested=info.max_running_requests, attn_dp_size=info.attn_dp_size, token_capacity=tokens,
+                context_len=info.context_length or 1,
                 max_mamba_cache_size=size if size is not None and ratio else None, mamba_slots=ratio)
             mrr.add(res.requested_per_dp, "requested", d)
-            mrr.add(state.get("effective_max_running_requests_per_dp", res.effective_per_dp), "effective", d)
+            mrr.add(state.effective if state.effective is not None else res.effective_per_dp, "effective", d)
             for by in concurrency.BINDING_LIMITS:
                 capped.add(1 if res.binding == by else 0, "none" if by == "request" else by, d)
-        mamba = [slots.family, per_req.family, cap.family] if patched else self._mamba_from_log(log_kv)
+        mamba = [slots.family, per_req.family, cap.family] if info.patched else self._mamba_from_log(log_kv)
         return [capacity.family, kv_bytes.family, mrr.family, capped.family, *mamba]
 
 

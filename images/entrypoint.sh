@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The image's entrypoint: `docker run IMAGE <sglang.launch_server args...>`.
 #
-# Starts SGLang with its output appended to $DSAOPS_LOG_FILE (and shown by `docker logs`),
-# and, unless DSAOPS_EXPORTER=0, the dsaops exporter beside it, following that log.
+# Starts SGLang with its output appended to $DSAOPS_LOG_FILE (rotated by size by
+# `dsaops log-writer`: DSAOPS_LOG_MAX_BYTES, DSAOPS_LOG_KEEP; also shown by `docker logs`).
+# DSAOPS_EXPORTER chooses where the exporter runs: 1 (the default, for an image run by hand)
+# starts it here beside SGLang, following that log, with its state file on the log's volume;
+# 0 leaves it to its own container (what the playbooks deploy).
 # SIGTERM/SIGINT (`docker stop`) go to SGLang, which shuts down cleanly; the exporter is
 # stopped after SGLang has exited, and the container exits with SGLang's status.
 # A first argument that is not an option runs as a command instead (`docker run IMAGE bash`).
@@ -40,21 +43,22 @@ if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
     exit 2
 fi
 
-# SGLang's output reaches the log and `docker logs` through tee; its pid is kept to wait for it at
-# the end, so that SGLang's last lines (its shutdown) are written before this shell, PID 1 of the
-# container, exits and the kernel ends every process left in the container with it.
-exec {out}> >(tee -a "$log")
-tee_pid=$!
+# SGLang's output reaches the log and `docker logs` through the log writer; its pid is kept to wait
+# for it at the end, so that SGLang's last lines (its shutdown) are written before this shell, PID 1
+# of the container, exits and the kernel ends every process left in the container with it.
+exec {out}> >(dsaops log-writer "$log")
+writer_pid=$!
 python3 -m "$module" "$@" >&"$out" 2>&1 &
 server=$!
-exec {out}>&-  # only SGLang holds the pipe now: tee ends once SGLang and its children have exited
+exec {out}>&-  # only SGLang holds the pipe now: the writer ends once SGLang and its children have exited
 
 exporter=""
 if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
     # DSAOPS_EXPORTER_PLAN: `dsaops plan --json` output, for the "KV pool below plan" alert.
     plan=()
     [ -z "${DSAOPS_EXPORTER_PLAN:-}" ] || plan=(--plan "$DSAOPS_EXPORTER_PLAN")
-    dsaops exporter --server-url "http://127.0.0.1:$port" --log-file "$log" \
+    state="$(dirname "$log")/dsaops-exporter.state.json"
+    dsaops exporter --server-url "http://127.0.0.1:$port" --log-file "$log" --state-file "$state" \
         --listen "${DSAOPS_EXPORTER_LISTEN:-0.0.0.0:9860}" --node "${DSAOPS_NODE:-$(hostname)}" "${plan[@]}" &
     exporter=$!
 fi
@@ -73,7 +77,7 @@ if [ -n "$exporter" ]; then
 fi
 # at most 5 s: a child of SGLang still holding the pipe must not keep the container alive
 for _ in $(seq 50); do
-    kill -0 "$tee_pid" 2>/dev/null || break
+    kill -0 "$writer_pid" 2>/dev/null || break
     sleep 0.1
 done
 exit "$status"

@@ -1,22 +1,30 @@
-# Kernels: GPU tests and benchmarks (on the H200 machine, nothing installed) and CPU compile checks.
-# On the GPU machine: its own python3 (torch, triton, pytest) + PYTHONPATH=. + the TileLang bundle
-# that ../shared/tools/gpu-tilelang-bundle.sh writes to .devbundle/ (unpacked once into /tmp/site).
+# Kernels: GPU tests and benchmarks, the offline bundle a GPU host without network needs, and CPU
+# compile checks. On the GPU host: its own python3 (torch, triton, numpy, pytest) + PYTHONPATH=. +
+# the bundle's site folder, unpacked once into TILELANG_SITE (CONTRIBUTING.md).
 GPU_PYTHON ?= python3
-TILELANG_BUNDLE ?= .devbundle/site.tar.xz
+BUNDLE_DIR ?= .devbundle
+BUNDLE_PYTHON ?= 3.12
+BUNDLE_PLATFORM ?= x86_64
+TILELANG_BUNDLE ?= $(BUNDLE_DIR)/site.tar.xz
 TILELANG_SITE ?= /tmp/site
-SGLANG_ROOT ?= .devbundle/sgl
+SGLANG_ROOT ?= $(BUNDLE_DIR)/sgl
 GPU_ENV = PYTHONPATH=.:$(TILELANG_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1
 
-.PHONY: test-gpu bench compile-check gpu-site
-gpu-site:
-	@if [ ! -d $(TILELANG_SITE)/tilelang ] && [ -f $(TILELANG_BUNDLE) ]; then \
-	  mkdir -p $(TILELANG_SITE) && tar -xJf $(TILELANG_BUNDLE) -C $(dir $(TILELANG_SITE)); fi
+.PHONY: test-gpu bench compile-check gpu-site gpu-bundle
+gpu-bundle: ## build .devbundle/ for a GPU host without network (BUNDLE_PYTHON=3.12 BUNDLE_PLATFORM=x86_64)
+	bash kernels/offline-bundle.sh --python $(BUNDLE_PYTHON) --platform $(BUNDLE_PLATFORM) --out $(BUNDLE_DIR)
 
-test-gpu: gpu-site ## kernel tests marked gpu (run on the H200 machine)
+# Unpacks the bundle when TILELANG_SITE holds none or another one (BUNDLE names what is in it).
+gpu-site:
+	@if [ -f $(TILELANG_BUNDLE) ] && ! cmp -s $(BUNDLE_DIR)/BUNDLE $(TILELANG_SITE)/BUNDLE; then \
+	  mkdir -p $(TILELANG_SITE) && tar -xJf $(TILELANG_BUNDLE) -C $(TILELANG_SITE) --strip-components=1; fi
+
+test-gpu: gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.md)
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -m gpu tests/kernels -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: gpu-site ## decode + KV copy benchmarks on the H200: writes benchmarks/h200-decode.json
+bench: gpu-site ## decode benchmarks on an H200 (FlashMLA from the bundle): benchmarks/h200-decode.json + PNG, then BENCHMARKS.md
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/h200_decode.py --sglang-root $(SGLANG_ROOT) $(BENCH_ARGS)
+	$(GPU_PYTHON) benchmarks/report.py
 
 compile-check: $(STAMP) ## compile every decode kernel for sm_90 and sm_121 (no GPU) and check shared memory
 	$(VENV)/bin/dsaops kernels compile --target sm_90

@@ -18,7 +18,8 @@ from pathlib import Path
 from dsaops.sglang_patches.series import Series
 from dsaops.sglang_patches.unidiff import PatchError, apply_hunks
 
-SGLANG_PIN = "0.5.23"
+from dsaops import pins
+
 MARKER = "sglang/.dsaops-patches.json"
 
 
@@ -58,12 +59,12 @@ def check_version(root: Path) -> None:
     found = installed_versions(root)
     if not found:
         raise TreeError(f"cannot tell SGLang's version under {root} (no sglang-*.dist-info/METADATA, no "
-                        f"sglang/_version.py); the series targets sglang=={SGLANG_PIN} only")
-    wrong = {src: v for src, v in found.items() if v != SGLANG_PIN}
+                        f"sglang/_version.py); the series targets sglang=={pins.SGLANG} only")
+    wrong = {src: v for src, v in found.items() if v != pins.SGLANG}
     if wrong:
         said = ", ".join(f"{src} says {v}" for src, v in wrong.items())
-        raise TreeError(f"the series is for sglang=={SGLANG_PIN}, but {said}; install it "
-                        f"(pip install --no-deps sglang=={SGLANG_PIN}) or point --sglang-root at such a tree")
+        raise TreeError(f"the series is for sglang=={pins.SGLANG}, but {said}; install it "
+                        f"(pip install --no-deps sglang=={pins.SGLANG}) or point --sglang-root at such a tree")
 
 
 def _read(root: Path, rel: str, patch: str) -> bytes:
@@ -111,7 +112,7 @@ def state(root: Path, series: Series) -> State:
         try:
             plan(root, series)
         except PatchError as e:
-            return State("foreign", f"no marker, and the files differ from sglang=={SGLANG_PIN}: {e}")
+            return State("foreign", f"no marker, and the files differ from sglang=={pins.SGLANG}: {e}")
         return State("pristine", f"every patch of the series applies ({len(series.patches)} patches)")
     if marker.get("series_sha256") != series.sha256:
         return State("foreign", f"marker {MARKER} is from another series (sha256 {marker.get('series_sha256')}, "
@@ -147,7 +148,7 @@ def apply(root: Path, series: Series) -> str:
     contents = plan(root, series)
     _write_all(root, contents)
     marker = {
-        "sglang_version": SGLANG_PIN,
+        "sglang_version": pins.SGLANG,
         "series_sha256": series.sha256,
         "patches": [p.name for p in series.patches],
         "files": {rel: {"pristine_sha256": _sha(old), "patched_sha256": _sha(new)}
@@ -173,7 +174,7 @@ def revert(root: Path, series: Series) -> str:
         contents[rel] = ((root / rel).read_bytes(), data)
     _write_all(root, contents)
     (root / MARKER).unlink()
-    return f"reverted {len(contents)} files to sglang=={SGLANG_PIN} as shipped"
+    return f"reverted {len(contents)} files to sglang=={pins.SGLANG} as shipped"
 
 
 def check(root: Path, series: Series) -> str:

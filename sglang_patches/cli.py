@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from dsaops import pins
+from dsaops.errors import UserError
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("patches", help="the SGLang 0.5.23 patch series: list, check, apply, revert, status",
+    p = sub.add_parser("patches", help=f"the SGLang {pins.SGLANG} patch series: list, check, apply, revert, status",
                        description=__doc__.splitlines()[0])
     p.set_defaults(func=lambda args: p.print_help() or 2)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
@@ -31,8 +34,6 @@ def add_parser(sub) -> None:
 
 
 def default_root() -> Path:
-    from dsaops.cli import UserError
-
     # find_spec locates the package without running sglang/__init__.py (which imports torch and more).
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
@@ -50,7 +51,7 @@ def run(args) -> int:
     try:
         series = load(args.series or DEFAULT_SERIES)
         if args.action == "list":
-            print(f"series {series.path} (sha256 {series.sha256}), for sglang=={tree.SGLANG_PIN}, strip level 1")
+            print(f"series {series.path} (sha256 {series.sha256}), for sglang=={pins.SGLANG}, strip level 1")
             for patch in series.patches:
                 print(f"{patch.name}: {patch.subject}")
                 for fp in patch.files:

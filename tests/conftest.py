@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from need import need
+
+from tests.support.prerequisites import need
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
         has_gpu = False
     if has_gpu:
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU here: run `make test-gpu` on the H200 machine")
+    skip = pytest.mark.skip(reason="no CUDA GPU here: run `make test-gpu` on an H100/H200 host (CONTRIBUTING.md)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
@@ -60,5 +61,10 @@ def dockerd():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        # A container on the host's network leaves dockerd's bind of the host network namespace behind.
+        with open("/proc/mounts") as mounts:
+            left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
+        for mount in sorted(left, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False)
         # vfs keeps a full copy of the root filesystem per layer: rm is much faster than shutil.rmtree here.
         subprocess.run(["rm", "-rf", str(root)], check=False)

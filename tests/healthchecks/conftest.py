@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.parse
@@ -12,9 +14,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from hc_parts import FakeServer, Launcher
-from helpers import free_port, wait_for
-from need import need
+
+from benchmarks.sglang_standin.server import FakeServer, Launcher
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+from tests.support.prerequisites import need
 
 
 @pytest.fixture
@@ -28,8 +32,8 @@ def fake_server():
 def launcher():
     started = []
 
-    def start(titles):
-        started.append(Launcher(titles))
+    def start(titles, *options):
+        started.append(Launcher(titles, *options))
         return started[-1]
 
     yield start
@@ -42,12 +46,16 @@ class Prometheus:
     every second; each test's exporter takes that port in turn, with its own `node`."""
 
     def __init__(self, tmp: Path, exporter_port: int):
+        from dsaops.healthchecks.scrape import exporter_job
+
         self.exporter_port = exporter_port
         self.port = free_port()
+        self.job = exporter_job()  # the job the rules select, as the playbook's configuration names it
         config = tmp / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"scrape_configs:\n  - job_name: dsaops\n    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+            f"scrape_configs:\n  - job_name: {self.job}\n    honor_labels: true\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
         self.log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -115,3 +123,37 @@ def exporter_on(request):
         server.shutdown()
         server.server_close()
         exp.stop()
+
+
+HOST_IMAGE = "dsaops-test/host-python:1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def host_image(dockerd):
+    """An image that runs this checkout's Python and `dsaops` (no registry here, and no serving image
+    to build): busybox, /lib and /lib64 pointing into /usr, and `host_mounts` bind the host's /usr,
+    the interpreter's prefix and the checkout in read-only. Containers of it are real containers:
+    their own PID namespace, cgroup and restart policy."""
+    need(shutil.which("busybox"), "busybox (apt-get install busybox-static)")
+    with tempfile.TemporaryDirectory(prefix="dsaops-hostimg-") as tmp:
+        root = Path(tmp)
+        (root / "bin").mkdir()
+        shutil.copy(shutil.which("busybox"), root / "bin" / "busybox")
+        (root / "bin" / "sh").symlink_to("busybox")
+        for link in ("lib", "lib64"):
+            (root / link).symlink_to(f"usr/{link}")
+        for folder in ("usr", "tmp", "etc", "proc", "sys", "dev", "run"):
+            (root / folder).mkdir(exist_ok=True)
+        (root / "tmp").chmod(0o1777)
+        tar = subprocess.run(["tar", "-C", tmp, "-c", "."], capture_output=True, check=True).stdout
+    path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+    subprocess.run(["docker", "import", "--change", f"ENV PATH={path}", "--change", f"ENV PYTHONPATH={REPO}", "-",
+                    HOST_IMAGE], env=dockerd, input=tar, capture_output=True, check=True, timeout=120)
+    return HOST_IMAGE
+
+
+def host_mounts() -> tuple[str, ...]:
+    """Read-only binds that let a host_image container run this checkout's Python."""
+    folders = {"/usr", sys.base_prefix, str(REPO)}
+    return tuple(arg for folder in sorted(folders) for arg in ("--volume", f"{folder}:{folder}:ro"))

@@ -6,8 +6,9 @@ import socket
 import subprocess
 import sys
 
-from hc_parts import scrape
-from helpers import free_port, wait_for
+from tests.healthchecks.prometheus_text import scrape
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 
 def dsaops(*args, timeout=30):

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from dsaops.healthchecks.containers import ContainerCollector, Containers
 from dsaops.healthchecks.metrics import ErrorCounts, Families
-from hc_parts import exposition
-from helpers import wait_for
-from need import need
 from prometheus_client import CollectorRegistry, generate_latest
+
+from tests.healthchecks.prometheus_text import exposition
+from tests.support.polling import wait_for
+from tests.support.prerequisites import need
 
 IMAGE = "dsaops-test/busybox:1"
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
-import sglang_lines
 from dsaops.healthchecks import logparse, server_info
-from sglang_wheel import sglang_source
+
+from benchmarks.sglang_standin import log_lines
+from tests.support.sglang_wheel import sglang_source
 
 # Where each /server_info key is produced in 0.5.23.
 SERVER_INFO_KEYS = {
@@ -48,7 +49,7 @@ def _fragments(piece: str) -> list[str]:
     "srt/utils/common.py", "srt/managers/scheduler.py")])  # those two are the prefix and title, not messages
 def test_fixture_lines_are_rendered_from_the_format_strings(path):
     """The log fixtures say what the wheel's format strings say, fragment by fragment."""
-    corpus = "\n".join(sglang_lines.every_message())
+    corpus = "\n".join(log_lines.every_message())
     for piece in logparse.FORMAT_STRINGS[path]:
         for fragment in _fragments(piece):
             assert fragment in corpus, f"no fixture renders {fragment!r} of {path}"

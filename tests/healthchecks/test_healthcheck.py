@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from helpers import free_port
+from tests.support.ports import free_port
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(2)]
 

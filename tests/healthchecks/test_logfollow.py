@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 
-import sglang_lines as L
 from dsaops.healthchecks.logfollow import CHUNK, MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
-from helpers import wait_for
+
+from benchmarks.sglang_standin import log_lines as L
+from tests.support.polling import wait_for
 
 
 def follower(path):
@@ -118,12 +119,150 @@ def test_a_line_cut_by_truncation_is_counted(tmp_path):
         f.stop()
 
 
-def test_missing_file_is_waited_for(tmp_path):
+def test_missing_file_is_counted_once_and_waited_for(tmp_path):
     log = tmp_path / "later.log"
     f, state, errors = follower(log)
     try:
+        assert wait_for(lambda: errors.counts()["log"] == 1, 5)
+        wait_for(lambda: False, 0.5)  # several looks: still counted once (again only after a minute)
+        assert errors.counts()["log"] == 1 and f.events["missing"] == 1
         log.write_text(kv_line(6))
         assert wait_for(lambda: "TP0" in state.kv, 5)
-        assert errors.counts()["log"] == 0
+        assert errors.counts()["log"] == 1
     finally:
+        f.stop()
+
+
+def test_truncation_then_fast_writes_lose_nothing(tmp_path):
+    """Truncated, then written past the old offset before the next look: the size alone would not
+    show it; the file's first bytes do, and the first new line is read."""
+    log = tmp_path / "sglang.log"
+    log.write_text(kv_line(1) * 20)
+    f, state, errors = follower(log)
+    try:
+        assert wait_for(f.caught_up.is_set, 5) and state.kv["TP0"][1] == 1
+        f._stop.set()  # hold the follower while the file is rewritten
+        f._thread.join(5)
+        text = kv_line(2, "TP2") + "".join(kv_line(100 + i, "TP3") for i in range(40))
+        log.write_text(text)
+        assert log.stat().st_size > 20 * len(kv_line(1))
+        f._stop.clear()
+        f.start()
+        assert wait_for(lambda: state.kv.get("TP3", (0, 0))[1] == 139, 5)
+        assert state.kv["TP2"][1] == 2  # the first line after the truncation
+        assert f.events["truncated"] == 1 and errors.counts()["log"] == 0
+    finally:
+        f.stop()
+
+
+def test_a_fifo_at_the_path_never_blocks(tmp_path):
+    log = tmp_path / "sglang.log"
+    os.mkfifo(log)
+    f, state, errors = follower(log)
+    try:
+        assert wait_for(lambda: f.events["not_a_file"] == 1, 5)
+        assert errors.counts()["log"] == 1
+        assert wait_for(lambda: "log" in f.errors.beats(), 2)  # the loop turns: it is not stuck in open()
+        beat = f.errors.beats()["log"]
+        assert wait_for(lambda: f.errors.beats()["log"] > beat, 2)
+        log.unlink()
+        log.write_text(kv_line(5))
+        assert wait_for(lambda: state.kv.get("TP0", (0, 0))[1] == 5, 5)
+    finally:
+        f.stop()
+
+
+def test_a_line_over_the_limit_is_dropped_even_when_clean(tmp_path):
+    log = tmp_path / "sglang.log"
+    long_line = kv_line(7, "TP7").rstrip("\n") + " " + "x" * (MAX_LINE + 10) + "\n"
+    log.write_text(long_line + kv_line(8, "TP8"))
+    f, state, errors = follower(log)
+    try:
+        assert wait_for(lambda: "TP8" in state.kv, 5)
+        assert "TP7" not in state.kv and f.events["line_dropped"] == 1 and errors.counts()["log"] == 1
+    finally:
+        f.stop()
+
+
+def restarted(log, position):
+    """A new follower (a restarted exporter) that resumes at `position`."""
+    state, errors = LogState(), ErrorCounts()
+    f = LogFollower(str(log), state, errors, poll=0.05)
+    f.resume(position)
+    return f.start(), state, errors
+
+
+def test_a_restarted_follower_resumes_where_it_stopped(tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_text(kv_line(1) + "filler line\n" * 50_000)
+    f, state, _ = follower(log)
+    assert wait_for(f.caught_up.is_set, 10)
+    f.stop()
+    position = state.position
+    assert position["offset"] == log.stat().st_size
+    with open(log, "a") as out:
+        out.write(kv_line(2, "TP2"))
+    f, state, _ = restarted(log, position)
+    try:
+        assert wait_for(lambda: "TP2" in state.kv, 5)
+        assert "TP0" not in state.kv  # the part before the position was not read again
+        assert f.events["resumed"] == 1
+    finally:
+        f.stop()
+
+
+def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path):
+    log = tmp_path / "sglang.log"
+    log.write_text(kv_line(1) * 10)
+    f, state, _ = follower(log)
+    assert wait_for(f.caught_up.is_set, 5)
+    f.stop()
+    position = dict(state.position)
+    log.unlink()
+    log.write_text(kv_line(3, "TP3") * 20)  # longer, maybe even the same inode: its first bytes differ
+    f, state, _ = restarted(log, position)
+    try:
+        assert wait_for(lambda: "TP3" in state.kv, 5) and f.events["reread"] == 1
+    finally:
+        f.stop()
+
+
+def test_rotation_by_the_servers_writer_while_followed_and_while_down(tmp_path):
+    """`dsaops log-writer` (the image's own rotation) fed fast by a real process: every line reaches
+    the follower in order, across rotations while it follows and while it is down."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "sglang.log"
+    writer = subprocess.Popen([sys.executable, "-m", "dsaops", "log-writer", str(log), "--max-bytes", "65536",
+                               "--keep", "9"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+
+    def emit(first, n):
+        for i in range(first, first + n):
+            writer.stdin.write(L.line(L.reduced(i, i), ("TP0",)).encode())
+        writer.stdin.flush()
+
+    seen = []
+    state, errors = LogState(), ErrorCounts()
+    original = state.feed
+    state.feed = lambda line: (seen.append(int(line.split("requested ")[1].split()[0])), original(line))
+    emit(0, 1)
+    assert wait_for(log.exists, 5)
+    f = LogFollower(str(log), state, errors, poll=0.02).start()
+    try:
+        assert wait_for(lambda: seen == [0], 5)
+        emit(1, 1499)  # ~250 KB: several rotations while followed, faster than it looks
+        assert wait_for(lambda: len(seen) == 1500, 10), len(seen)
+        f.stop()
+        position = state.position
+        emit(1500, 1500)  # rotated on while the follower is down
+        assert wait_for(lambda: (tmp_path / "sglang.log.4").exists(), 5)
+        f = LogFollower(str(log), state, errors, poll=0.02)
+        f.resume(position)
+        f.start()
+        assert wait_for(lambda: len(seen) == 3000, 10), len(seen)
+        assert seen == list(range(3000)) and f.events["resumed"] == 1 and errors.counts()["log"] == 0
+    finally:
+        writer.stdin.close()
+        writer.wait(10)
         f.stop()

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import time
 
-import sglang_lines as L
 from dsaops.healthchecks.logparse import GIB, LogState, cause_of_exit_code, rank_label
 from dsaops.healthchecks.processes import rank_of_title
+
+from benchmarks.sglang_standin import log_lines as L
 
 
 def feed(*lines: str) -> LogState:

@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from need import need
+
+from tests.support.prerequisites import need
 
 RULES = Path(__file__).resolve().parents[2] / "healthchecks" / "rules"
 README = RULES.parent / "README.md"

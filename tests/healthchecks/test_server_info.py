@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import sglang_lines as L
+from dsaops.healthchecks import server_info
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, layout_of, read_plan
-from hc_parts import exposition
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dsaops.cli import UserError
+from benchmarks.sglang_standin import log_lines as L
+from dsaops.errors import UserError
+from tests.healthchecks.prometheus_text import exposition
 
 
 def metrics(fake_server, log: LogState | None = None, planned=None):
@@ -125,3 +126,85 @@ def test_plan(tmp_path):
     bad.write_text('{"kv_pool_tokens_per_rank": -1}')
     with pytest.raises(UserError, match="positive integer"):
         read_plan(str(bad))
+
+
+# --- stock and patched SGLang, /server_info as the pinned wheel builds it --------------------
+
+GLM_ARGS = {"attn_dp_size": 1, "tp_size": 1, "max_running_requests": 48, "context_length": 131072,
+            "kv_cache_dtype": "fp8_e4m3", "dsa_prefill_backend": "tilelang", "dsa_decode_backend": "tilelang",
+            "max_mamba_cache_size": 1688}  # the global argument: every internal_states entry carries it
+SCHEDULER = {"max_running_requests": 8, "token_capacity": 4922240, "kvcache_gb": 32.48}
+
+
+@pytest.fixture(scope="module")
+def patched_tree(tmp_path_factory):
+    from dsaops.sglang_patches import apply as tree
+    from dsaops.sglang_patches.series import load
+
+    from tests.sglang_patches.conftest import sparse_copy
+
+    series = load()
+    root = sparse_copy(tmp_path_factory.mktemp("patched"), series)
+    tree.apply(root, series)
+    return root
+
+
+def test_stock_internal_states_carry_max_mamba_cache_size_but_no_patch_marker():
+    from tests.healthchecks.sglang_server_info import server_info as build
+
+    state = build(GLM_ARGS, [SCHEDULER])["internal_states"][0]
+    assert state["max_mamba_cache_size"] == 1688  # resolved_server_args_dict: every server argument
+    assert not set(server_info.PATCH_MARKERS) & set(state)
+
+
+def test_stock_server_takes_the_mamba_cap_from_the_log(fake_server):
+    from tests.healthchecks.sglang_server_info import server_info as build
+
+    fake_server.info = build(GLM_ARGS, [SCHEDULER])
+    log = LogState()
+    log.feed(L.line(L.mamba_allocated(40), ("TP0",)).strip())
+    log.feed(L.line(L.mamba_capped(8, 40, 5), ("TP0",)).strip())
+    out, errors = metrics(fake_server, log)
+    assert errors.counts()["server_info"] == 0
+    assert capped(out) == {"mamba"}  # 40 slots // 5 per request = 8 < 48
+    assert out['dsa_mamba_running_requests_cap{dp_rank="",node="n1",rank="TP0"}'] == 8
+    assert out['dsa_mamba_slots_per_request{dp_rank="",node="n1",rank="TP0"}'] == 5
+    assert out['dsa_mamba_cache_slots{dp_rank="",node="n1",rank="TP0"}'] == 40  # not the global 1688
+    assert not any(k.startswith("dsa_mamba") and 'dp_rank="0"' in k for k in out)
+
+
+def test_negative_control_the_old_sign_drops_the_stock_cap(fake_server, monkeypatch):
+    """Taking `max_mamba_cache_size` as the patch's sign (as the exporter once did) reads stock as
+    patched: the cap and slots-per-request series are lost, which the test above would catch."""
+    from tests.healthchecks.sglang_server_info import server_info as build
+
+    monkeypatch.setattr(server_info, "PATCH_MARKERS", server_info.PATCH_KEYS)
+    fake_server.info = build(GLM_ARGS, [SCHEDULER])
+    log = LogState()
+    log.feed(L.line(L.mamba_capped(8, 40, 5), ("TP0",)).strip())
+    out, _ = metrics(fake_server, log)
+    assert not any(k.startswith(("dsa_mamba_running_requests_cap", "dsa_mamba_slots_per_request")) for k in out)
+
+
+def test_patched_server_gives_the_caps_per_dp_rank(fake_server, patched_tree):
+    from tests.healthchecks.sglang_server_info import server_info as build
+
+    caps = {"max_mamba_cache_size": 211, "mamba_state_slots_per_request": 5, "mamba_running_requests_cap": 42}
+    fake_server.info = build(GLM_ARGS, [{**SCHEDULER, "mamba_caps": caps}] * 2, patched=patched_tree)
+    assert fake_server.info["internal_states"][0]["max_mamba_cache_size"] == 211  # per rank, over the global 1688
+    log = LogState()
+    log.feed(L.line(L.mamba_capped(8, 40, 5), ("TP0",)).strip())  # an older run's figure: ignored
+    out, errors = metrics(fake_server, log)
+    assert errors.counts()["server_info"] == 0
+    assert out['dsa_mamba_running_requests_cap{dp_rank="1",node="n1",rank=""}'] == 42
+    assert out['dsa_mamba_cache_slots{dp_rank="0",node="n1",rank=""}'] == 211
+    assert capped(out, "1") == {"mamba"}  # 42 < 48
+    assert not any('rank="TP0"' in k for k in out)
+
+
+def test_hybrid_free_model_on_a_patched_server_reads_as_stock(fake_server, patched_tree):
+    from tests.healthchecks.sglang_server_info import server_info as build
+
+    fake_server.info = build({**GLM_ARGS, "max_mamba_cache_size": None}, [SCHEDULER], patched=patched_tree)
+    out, _ = metrics(fake_server, LogState())
+    assert capped(out) == {"none"} and not any(k.startswith("dsa_mamba") for k in out)

@@ -14,9 +14,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from image_parts import docker
-from need import need
-from sglang_wheel import cache_dir
+
+from tests.images.docker_build import docker
+from tests.support.prerequisites import need
+from tests.support.sglang_wheel import cache_dir
 
 BASE_TAG = "dsaops-test/debian-python:bookworm"
 def _debian_rootfs_tar() -> Path:

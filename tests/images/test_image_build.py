@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from dsaops.sglang_patches.apply import SGLANG_PIN
 from dsaops.sglang_patches.series import load
-from image_parts import REPO, copy_sources, docker
-from sglang_wheel import sglang_wheel
+
+from dsaops.pins import SGLANG as SGLANG_PIN
+from tests.images.docker_build import REPO, copy_sources, docker
+from tests.support.sglang_wheel import sglang_wheel
 
 # sm_90 is linux/amd64 like this machine, and installs the SGLang wheel (gfx942's base carries it).
 TARGET = "sm_90"

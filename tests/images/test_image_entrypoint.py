@@ -11,8 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from helpers import free_port, wait_for
-from image_parts import REPO
+
+from tests.images.docker_build import REPO
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 HERE = Path(__file__).parent
@@ -54,9 +56,10 @@ def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
         assert wait_for(lambda: "dsa_" in metrics(port), 30), "the exporter never answered"
         children = psutil.Process(proc.pid).children()
         exporter = next(c for c in children if "exporter" in c.cmdline())
-        assert exporter.cmdline()[-8:] == ["--server-url", "http://127.0.0.1:31000", "--log-file",
-                                           str(tmp_path / "log" / "sglang.log"), "--listen", f"127.0.0.1:{port}",
-                                           "--node", "node-a"]
+        assert exporter.cmdline()[-10:] == ["--server-url", "http://127.0.0.1:31000", "--log-file",
+                                            str(tmp_path / "log" / "sglang.log"), "--state-file",
+                                            str(tmp_path / "log" / "dsaops-exporter.state.json"),
+                                            "--listen", f"127.0.0.1:{port}", "--node", "node-a"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -66,6 +69,7 @@ def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
     assert "standin on stderr" in text and "SIGTERM received" in text
     assert not exporter.is_running()
     assert metrics(port) == ""
+    assert (tmp_path / "log" / "dsaops-exporter.state.json").is_file()  # in-container mode: state on the log volume
 
 
 def test_the_log_holds_the_servers_last_lines_when_the_entrypoint_exits(tmp_path):

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from image_parts import REPO
 
 from dsaops.cli import build_parser
+from tests.images.docker_build import REPO
 
 DOCKERFILE = REPO / "images" / "Dockerfile"
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
@@ -58,14 +58,14 @@ def _dsaops_command_lines() -> list[list[str]]:
         # An array expansion ("${plan[@]}") holds whole options, checked by the entrypoint's own tests.
         code = re.sub(r'"\$\{\w+\[@\]\}"', "", code.replace("\\\n", " "))
         code = re.sub(r"\$(\{[^}]*\}|\w+)", "X", code)
-        for m in re.findall(r"\bdsaops ((?:patches|kernels|exporter|healthcheck)\b[^;&|)\n]*)", code):
+        for m in re.findall(r"\bdsaops ((?:patches|kernels|exporter|healthcheck|log-writer)\b[^;&|)\n]*)", code):
             found.append(shlex.split(m.strip().removesuffix('"]')))
     return found
 
 
 def test_the_image_calls_dsaops_as_its_cli_accepts():
     lines = _dsaops_command_lines()
-    assert {argv[0] for argv in lines} == {"patches", "kernels", "exporter", "healthcheck"}, lines
+    assert {argv[0] for argv in lines} == {"patches", "kernels", "exporter", "healthcheck", "log-writer"}, lines
     parser = build_parser()
     for argv in lines:
         parser.parse_args(argv)  # exits (SystemExit) on an unknown command or option

@@ -10,12 +10,12 @@ import tomllib
 import zipfile
 
 import pytest
-from dsaops.sglang_patches.apply import SGLANG_PIN
 from dsaops.sglang_patches.series import load
-from image_parts import REPO, copy_sources
 
-from dsaops.cli import UserError
+from dsaops.errors import UserError
 from dsaops.image import build_wheel, stage_context
+from dsaops.pins import SGLANG as SGLANG_PIN
+from tests.images.docker_build import REPO, copy_sources
 
 TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
 
@@ -46,6 +46,7 @@ def options(cmd: list[str]) -> tuple[dict[str, str], dict[str, str]]:
 @pytest.mark.parametrize("name", sorted(TABLE))
 def test_plan_has_the_targets_platform_base_and_arguments(name):
     row = TABLE[name]
+    base = row["base_image"].format(sglang=SGLANG_PIN)   # the table's `{sglang}`: the pin
     out = make_plan(f"ARCH={name}")
     assert out.returncode == 0, out.stderr
     [cmd] = commands(out.stdout)
@@ -56,7 +57,7 @@ def test_plan_has_the_targets_platform_base_and_arguments(name):
     assert opts["--target"] == "runtime"
     assert opts["--tag"] == f"dsaops/sglang:{SGLANG_PIN}-{name}"
     assert cmd[-1] == str(REPO / "images" / "context")
-    assert args["BASE_IMAGE"] == row["base_image"]
+    assert args["BASE_IMAGE"] == base
     assert args["BASE_CARRIES_SGLANG"] == str(row["base_carries_sglang"]).lower()
     assert args["TORCH_CUDA_ARCH_LIST"] == row["torch_cuda_arch_list"]
     assert args["PYTORCH_ROCM_ARCH"] == (row["gpu_arch"] if row["vendor"] == "amd" else "")
@@ -64,7 +65,7 @@ def test_plan_has_the_targets_platform_base_and_arguments(name):
     assert args["DSAOPS_TARGET"] == name
     assert args["SGLANG_VERSION"] == SGLANG_PIN
     assert args["PATCH_SERIES_SHA256"] == load().sha256
-    assert f"#   base      {row['base_image']}" in out.stdout
+    assert f"#   base      {base}" in out.stdout
     assert not any("TOKEN" in key or "SECRET" in key for key in args)
 
 
@@ -182,3 +183,15 @@ def test_a_context_folder_with_other_files_is_refused_and_kept(tmp_path):
     with pytest.raises(UserError, match=r"holds other things \(notes.txt\)"):
         stage_context(tmp_path, None)
     assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "sglang").is_dir()
+
+
+def test_the_sglang_pin_is_the_only_source(tmp_path):
+    """Change the pin in a copy's dsaops/pins.toml: the copy's tag, SGLANG_VERSION and ROCm base follow it."""
+    source = copy_sources(tmp_path / "src")
+    pins = source / "dsaops" / "pins.toml"
+    pins.write_text(pins.read_text().replace(f'sglang = "{SGLANG_PIN}"', 'sglang = "9.8.7"', 1))
+    for name, base in (("sm_90", TABLE["sm_90"]["base_image"]), ("gfx942", "lmsysorg/sglang:v9.8.7-rocm10-mi30x")):
+        out = subprocess.run([sys.executable, "-m", "dsaops", "image", "plan", "--arch", name], cwd=source,
+                             env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True, check=True)
+        opts, args = options(commands(out.stdout)[0])
+        assert (opts["--tag"], args["SGLANG_VERSION"], args["BASE_IMAGE"]) == (f"dsaops/sglang:9.8.7-{name}", "9.8.7", base)

@@ -9,11 +9,12 @@ import types
 
 import pytest
 from dsaops.kernels import cli, tiles
-from need import need
+from dsaops.kernels.build import PDL_WAIT, build
 
 from dsaops import targets
 from dsaops.cache import cache_dir
 from dsaops.cli import main as dsaops_main
+from tests.support.prerequisites import need
 
 CACHE = str(cache_dir("tilelang"))
 # a 16-head tile of 64 rows with a 2-deep ring (sm_90's choice for the row-scaled layout): ~150 KB,
@@ -27,13 +28,13 @@ def built():
     need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
     out = {}
     for name in ("sm_90", "sm_121"):  # ptxas's verdict where there is wgmma to serialize
-        out[name] = {(b.tile, b.d_tail): b for b in cli.build(name, cache_dir=CACHE, ptxas=name == "sm_90")}
-    (control,) = cli.build("sm_121", jobs=[(OVERSIZED_FOR_SM121, 0)], cache_dir=CACHE, workers=1)
+        out[name] = {(b.tile, b.d_tail): b for b in build(name, cache_dir=CACHE, ptxas=name == "sm_90")}
+    (control,) = build("sm_121", jobs=[(OVERSIZED_FOR_SM121, 0)], cache_dir=CACHE, workers=1)
     out["control"] = control
     for name in ("sm_90", "sm_121"):  # the row-scaled layout's kernels (NoPE, the layout GLM-5.3-Flash has)
         t = targets.get(name)
         jobs = sorted({(tile, 0) for _, d_tail, tile in tiles.configurations(t, row_scaled=True) if d_tail == 0}, key=str)
-        out[name + " row-scaled"] = cli.build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
+        out[name + " row-scaled"] = build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
     return out
 
 
@@ -97,7 +98,7 @@ def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
     sm90 = targets.get("sm_90")
     plain = dataclasses.replace(sm90, features=tuple(f for f in sm90.features if f != "pdl"))
     source = decode.compile_kernel(plain, tiles.COMBINES[0], None).get_kernel_source()
-    assert cli.PDL_WAIT not in source and "__global__" in source
+    assert PDL_WAIT not in source and "__global__" in source
 
 
 def test_a_merge_of_more_splits_than_a_warp_has_lanes_is_refused():

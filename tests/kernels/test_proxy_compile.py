@@ -10,11 +10,11 @@ import shutil
 from collections import Counter
 
 import pytest
-from dsaops.kernels import cli, decode, tiles
-from need import need
+from dsaops.kernels import build, decode, tiles
 
 from dsaops import targets
 from dsaops.cache import cache_dir
+from tests.support.prerequisites import need
 
 PROXY = "sm_121@sm_90a"
 # the tensor-core products, their operand loads and the gathers: what must be GB10's own
@@ -38,7 +38,7 @@ def sources():
         for target in (decode.kernel_target(PROXY), gb10):
             kernel = decode.compile_kernel(target, tile, d_tail)
             device = kernel.get_kernel_source()
-            built += [device, cli.shared_memory_bytes(kernel.get_host_source(), device, name)]
+            built += [device, build.shared_memory_bytes(kernel.get_host_source(), device, name)]
         out[(tile, d_tail)] = tuple(built)
     return out
 

@@ -10,14 +10,14 @@ import types
 
 import dsaops.kernels
 import pytest
-import sglang_lift
 import torch
 from dsaops.kernels import reference
 from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
-from sglang_wheel import pristine_copy
 
 import dsaops
+from tests.support import sglang_definitions
+from tests.support.sglang_wheel import pristine_copy
 
 PATCH = "0006-route-raw-fp8-decode-to-dsaops-kernels.patch"
 BACKEND = "sglang/srt/layers/attention/dsa_backend.py"
@@ -90,9 +90,9 @@ def route(patched, monkeypatch):
     monkeypatch.setattr(dsaops.kernels, "decode_preferred", ours.preferred, raising=False)
     monkeypatch.setattr(dsaops.kernels, "sparse_mla_decode_fp8", ours.kernel, raising=False)
     monkeypatch.delenv("DSAOPS_FORCE_SGLANG_DECODE", raising=False)
-    ns = sglang_lift.lift(patched, ["_validate_raw_fp8_kv_rows", "_dsaops_decode_kernels",
-                                    "DeepseekSparseAttnBackend._forward_tilelang"],
-                          {"torch": torch, "os": os, "_is_hip": False, "logger": logging.getLogger("dsa_backend")})
+    ns = sglang_definitions.lift(
+        patched, ["_validate_raw_fp8_kv_rows", "_dsaops_decode_kernels", "DeepseekSparseAttnBackend._forward_tilelang"],
+        {"torch": torch, "os": os, "_is_hip": False, "logger": logging.getLogger("dsa_backend")})
     ours.forward = lambda decode, kv_dtype=torch.float8_e4m3fn, width=576, **kw: ns["_forward_tilelang"](
         None, **case(kv_dtype, width), decode=decode, **kw)
     return ours

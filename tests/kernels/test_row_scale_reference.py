@@ -1,4 +1,4 @@
-"""The per-row-scaled fp8 layout, reference level: quantization, decode over it,
+"""The per-row-scaled fp8 layout at reference level: quantization, decode over it,
 and the accuracy claim benchmarks/fp8_row_scale_accuracy.py makes (CPU)."""
 import importlib.util
 from pathlib import Path

@@ -1,11 +1,12 @@
-"""write_kv_fp8 and gather_kv_rows: on CPU under the Triton interpreter (exact fp8 casts, see interp_fp8),
+"""write_kv_fp8 and gather_kv_rows: on CPU under the Triton interpreter (exact fp8 casts, see triton_interpreter),
 and the same tests compiled for CUDA where a GPU is present (`gpu` marker)."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 from dsaops.kernels import kv_gather, kv_write, reference
-from interp_fp8 import interpreted
+
+from tests.support.triton_interpreter import interpreted
 
 FN = torch.float8_e4m3fn
 
@@ -247,7 +248,7 @@ def test_gather_bad_input(change, message):
 
 
 def test_interpreter_alone_gets_fp8_wrong(monkeypatch):
-    """Why interp_fp8 exists; when Triton fixes its rounding this fails and the routing can go."""
+    """Why triton_interpreter exists; when Triton fixes its rounding this fails and the routing can go."""
     interpreted(kv_write, monkeypatch, exact_fp8=False)
     x = every_bf16()
     pool = torch.zeros(128, 1, 512, dtype=FN)

@@ -1,8 +1,9 @@
 """Fixtures for the playbook tests: one set of sandbox hosts per session (namespaces + sshd)."""
 import pytest
 import yaml
-from ansible_sandbox import Sandbox, available, fake_kernel
-from need import need
+
+from tests.playbooks.ansible_sandbox import Sandbox, available, fake_kernel
+from tests.support.prerequisites import need
 
 HOSTS = ("node1", "node2", "mon")
 

@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from ansible_sandbox import BIN, free_port_probe, recap, snapshot
+
+from dsaops.image import image_name
+from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,7 +55,7 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     head_address = sandbox.hosts["node1"]["address"]
     for expected in ("--node-rank 1", "--nnodes 2", f"--dist-init-addr {head_address}:25000", "--tp-size 2",
                      f"SGLANG_HOST_IP={sandbox.hosts['node2']['address']}", "NCCL_SOCKET_IFNAME=clu0",
-                     "NCCL_CUMEM_ENABLE=0", "dsaops/sglang:0.5.23-sm_121"):
+                     "NCCL_CUMEM_ENABLE=0", image_name("sm_121")):
         assert expected in worker, expected
     assert subprocess.run(["sh", "-n", str(roots["node2"] / "usr/local/bin/dsaops-sglang")], check=False).returncode == 0
     plan = json.loads((roots["node2"] / "etc/dsaops/plan.json").read_text())
@@ -68,8 +70,20 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
                            check=False, capture_output=True, text=True)
     assert table.returncode == 0 and "tcp dport 25000" in table.stdout, table.stderr
 
+    # The exporter runs in its own container beside the server's (rendered, not started: no GPU here).
+    assert "DSAOPS_EXPORTER=0" in worker
+    exporter = (roots["node2"] / "usr/local/bin/dsaops-exporter").read_text()
+    for expected in ("--pid host", "--cgroupns host", "dsaops docker-proxy --allow dsaops-sglang",
+                     "--volume /var/log/dsaops:/var/log/dsaops:ro", "--docker-url unix:///run/dsaops/docker.sock",
+                     "--plan /etc/dsaops/plan.json", "--node node2", image_name("sm_121")):
+        assert expected in exporter, expected
+    assert "/var/run/docker.sock" not in exporter.split("dsaops-exporter", 2)[-1]  # only the proxy holds the socket
+    assert subprocess.run(["sh", "-n", str(roots["node2"] / "usr/local/bin/dsaops-exporter")], check=False).returncode == 0
+
     prometheus = (roots["mon"] / "etc/dsaops/prometheus/prometheus.yml").read_text()
     assert f"{sandbox.hosts['node2']['address']}:9860" in prometheus and "rules/*.yml" in prometheus
+    alertmanager = roots["mon"] / "etc/dsaops/alertmanager/alertmanager.yml"
+    assert alertmanager.stat().st_mode & 0o077 == 0 and "receiver: dsaops" in alertmanager.read_text()
     assert list((roots["mon"] / "etc/dsaops/prometheus/rules").glob("*.yml"))
     assert list((roots["mon"] / "etc/dsaops/grafana/dashboards").glob("*.json"))
 

@@ -3,12 +3,18 @@ and the server flags pinned to the pinned SGLang's own argument definitions."""
 import ast
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
-from ansible_sandbox import BIN, PLAYBOOKS, REPO
+
+from dsaops import pins
+from dsaops.image import image_name
+from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
@@ -48,6 +54,15 @@ def _nodes(output: str) -> dict[str, str]:
     return dict(re.findall(r"^# ---- (\S+) ----\n(.*?)(?=^# ---- |\Z)", output, re.MULTILINE | re.DOTALL))
 
 
+def _after_image(command: str) -> str:
+    """The `sglang.launch_server` part of a rendered command: the lines after the image."""
+    return command.split(f"dsaops/sglang:{pins.SGLANG}-")[1].split("\n", 1)[1]
+
+
+def _launch(command: str) -> list[str]:
+    return [arg for line in _after_image(command).splitlines() for arg in shlex.split(line.rstrip(" \\"))]
+
+
 def test_print_commands_dgx_spark_2x(printed):
     result = printed["dgx-spark-2x"]
     assert result.returncode == 0, result.stderr[-3000:]
@@ -60,15 +75,65 @@ def test_print_commands_dgx_spark_2x(printed):
                          "--dsa-decode-backend tilelang", "--enable-metrics", f"SGLANG_HOST_IP={address}",
                          "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                          "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
-                         "NCCL_CUMEM_ENABLE=0", "--network host", "--ipc host", "dsaops/sglang:0.5.23-sm_121"):
+                         "NCCL_CUMEM_ENABLE=0", "--network host", "--ipc host", image_name("sm_121")):
             assert expected in text, (name, expected)
+
+
+# The inventories' settings, as dsaops.launch_args specs: what each node's command must be.
+SPARKS = ClusterSpec(tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
+                     dsa_decode_backend="tilelang", mem_fraction_static=0.8, max_running_requests=16,
+                     enable_metrics=True)
+H20 = ClusterSpec(tp_size=8, attn_dp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
+                  dsa_decode_backend="tilelang", mem_fraction_static=0.85, max_running_requests=240,
+                  enable_metrics=True)
+MODEL = "zai-org/GLM-5.3-Flash"
+
+
+def test_every_sglang_flag_comes_from_launch_args(printed):
+    """Each node's whole launch_server argument list is dsaops.launch_args' for its inventory, in its order:
+    a flag the playbook wrote itself, dropped or reordered would show."""
+    sparks = _nodes(printed["dgx-spark-2x"].stdout)
+    for rank, name in enumerate(("spark-1", "spark-2")):
+        node = NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000, node_rank=rank,
+                        dist_init_addr="192.168.100.1:25000")
+        assert _launch(sparks[name]) == launch_args(SPARKS, node), name
+    (h20,) = _nodes(printed["h20-8gpu"].stdout).values()
+    assert _launch(h20) == launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000))
+    # the user's extras come last, through the builder too
+    extra = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--trust-remote-code"]}')
+    (text,) = _nodes(extra.stdout).values()
+    assert _launch(text) == launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000,
+                                                      extra_args=("--trust-remote-code",)))
+
+
+def test_a_flag_written_in_the_playbook_is_caught(tmp_path):
+    """Control: a copy of the playbooks whose role appends a flag of its own renders a command that
+    the comparison above rejects."""
+    shutil.copytree(PLAYBOOKS, tmp_path / "playbooks")
+    shutil.copy(REPO / "ansible.cfg", tmp_path / "ansible.cfg")
+    (tmp_path / "dsaops").symlink_to(REPO / "dsaops")
+    role_vars = tmp_path / "playbooks/roles/sglang_server/vars/main.yml"
+    text = role_vars.read_text()
+    assert "extra_args=sglang_server_extra_args) }}" in text
+    role_vars.write_text(text.replace("extra_args=sglang_server_extra_args) }}",
+                                      "extra_args=sglang_server_extra_args) + ['--disable-cuda-graph'] }}"))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(PLAYBOOKS / "inventories/h20-8gpu.yml"),
+                             str(tmp_path / "playbooks/print-commands.yml"), "-e", f"sglang_server_print_dir={out}"],
+                            check=False, cwd=tmp_path, env={**ENV, "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg")},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    rendered = _launch((out / "h20-1.sh").read_text())
+    expected = launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000))
+    assert rendered != expected and rendered == [*expected, "--disable-cuda-graph"]
 
 
 def test_print_commands_h20_8gpu(printed):
     result = printed["h20-8gpu"]
     assert result.returncode == 0, result.stderr[-3000:]
     (text,) = _nodes(result.stdout).values()
-    for expected in ("--tp-size 8", "--attn-dp-size 8", "--max-running-requests 240", "dsaops/sglang:0.5.23-sm_90"):
+    for expected in ("--tp-size 8", "--attn-dp-size 8", "--max-running-requests 240", image_name("sm_90")):
         assert expected in text, expected
     for absent in ("--nnodes", "--enable-dp-attention", "NCCL_CUMEM_ENABLE"):   # one node; new DP spelling; not GB10
         assert absent not in text, absent
@@ -114,17 +179,25 @@ def _sglang_flags(arg_groups) -> dict[str, list | None]:
 
 
 def test_generated_flags_exist_in_pinned_sglang(printed):
-    from sglang_wheel import sglang_source
+    """Every flag the playbooks render, and every flag the builder can write (all settings on)."""
+    from tests.support.sglang_wheel import sglang_source
 
     flags = _sglang_flags(sglang_source() / "sglang/srt/arg_groups")
     assert "--dsa-prefill-backend" in flags and "--bogus-flag" not in flags       # the parser itself works
     commands = printed["dgx-spark-2x"].stdout + printed["h20-8gpu"].stdout
     launch = [line.strip().rstrip(" \\") for text in _nodes(commands).values()
-              for line in text.split("dsaops/sglang:0.5.23-")[1].splitlines()[1:] if line.strip()]
+              for line in _after_image(text).splitlines() if line.strip()]
+    everything = cluster_args(ClusterSpec(
+        tp_size=8, dp_size=2, attn_dp_size=4, ep_size=8, nnodes=2, kv_cache_dtype="fp8_e4m3",
+        dsa_prefill_backend="tilelang", dsa_decode_backend="tilelang", mem_fraction_static=0.85, context_length=4096,
+        max_running_requests=64, max_mamba_cache_size=300, mamba_full_memory_ratio=0.5, mamba_ssm_dtype="bfloat16",
+        speculative_num_draft_tokens=6, enable_metrics=True))
+    for arg in everything:
+        launch += [arg] if arg.startswith("--") else [launch.pop() + " " + arg]
     assert launch
     for line in launch:
         flag, *value = line.split()
-        assert flag in flags, f"{flag} is not a sglang 0.5.23 launch_server flag"
+        assert flag in flags, f"{flag} is not a sglang {pins.SGLANG} launch_server flag"
         if value and flags[flag]:
             assert value[0] in flags[flag], f"{flag} {value[0]} not in {flags[flag]}"
 
@@ -177,5 +250,5 @@ def test_one_target_and_image_on_every_node(tmp_path):
     path.write_text(inventory)
     result = print_commands(str(path))
     assert result.returncode != 0
-    assert "image differs between nodes ({'spark-1': 'dsaops/sglang:0.5.23-sm_121', 'spark-2': 'mine:1'})" in \
+    assert f"image differs between nodes ({{'spark-1': '{image_name('sm_121')}', 'spark-2': 'mine:1'}})" in \
         " ".join(result.stderr.split())

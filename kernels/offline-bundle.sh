@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Build the offline bundle a GPU host without network needs for `make test-gpu` and `make bench`:
+#   .devbundle/site.tar.xz  TileLang and the packages it imports that a torch host lacks, and
+#                           FlashMLA's sparse decode (sgl-flash-mla), unpacked as one site folder
+#   .devbundle/sgl/         SGLang's tilelang_kernel.py from the pinned wheel (the benchmark's baseline)
+#   .devbundle/BUNDLE       what is in it; kernels.mk unpacks site.tar.xz again when this changes
+#
+#   bash kernels/offline-bundle.sh [--python 3.12] [--platform x86_64|aarch64] [--out .devbundle]
+#
+# Runs on any machine with python3 >= 3.11, pip and network (`make gpu-bundle`). The GPU host
+# needs python3 of the same version with torch, triton, numpy and pytest; copy the folder to the
+# checkout there and the make targets put site/ on PYTHONPATH (kernels/kernels.mk).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_version=3.12
+platform=x86_64
+out=.devbundle
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) python_version=$2; shift 2 ;;
+    --platform) platform=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "offline-bundle.sh: unknown argument '$1' (use --python X.Y, --platform x86_64|aarch64, --out DIR)" >&2
+       exit 2 ;;
+  esac
+done
+case "$platform" in
+  x86_64|aarch64) ;;
+  *) echo "offline-bundle.sh: --platform must be x86_64 or aarch64, not '$platform'" >&2; exit 2 ;;
+esac
+[[ "$python_version" =~ ^3\.[0-9]+$ ]] || { echo "offline-bundle.sh: --python takes X.Y, e.g. 3.12" >&2; exit 2; }
+
+# The pinned versions: dsaops/pins.toml, the one place they are written.
+pin() { PYTHONPATH=. python3 -m dsaops.pins "$1"; }
+sglang=$(pin sglang)
+tilelang=$(pin tilelang)
+flashmla=$(pin sgl-flash-mla)
+
+# What TileLang imports beyond torch, triton and numpy, at versions that load beside numpy 1.26 or 2.
+needs=(apache-tvm-ffi==0.1.11 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
+       cloudpickle==3.1.3 ml-dtypes==0.5.4 psutil==7.2.2 tqdm==4.70.1)
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tags=()
+for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014; do tags+=(--platform "${t}_$platform"); done
+
+echo "== wheels for CPython $python_version on $platform: tilelang $tilelang, sgl-flash-mla $flashmla"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
+  --implementation cp "${tags[@]}" -d "$work/wheels" \
+  "tilelang==$tilelang" "sgl-flash-mla==$flashmla" "${needs[@]}"
+mkdir -p "$work/site"
+for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
+
+# Some wheels ship one shared library under two names (z3's libz3.so): keep one file and a link.
+python3 - "$work/site" <<'EOF'
+import hashlib, os, sys
+from pathlib import Path
+
+first = {}
+for path in sorted(Path(sys.argv[1]).rglob("*.so*")):
+    if path.is_symlink() or not path.is_file() or path.stat().st_size < (1 << 20):
+        continue
+    digest = (path.parent, hashlib.sha256(path.read_bytes()).hexdigest())
+    if digest in first:
+        path.unlink()
+        path.symlink_to(first[digest].name)
+    else:
+        first[digest] = path
+EOF
+
+echo "== SGLang $sglang's tilelang_kernel.py"
+sglang_wheel=$(ls "${DSAOPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsaops}"/wheels/sglang-"$sglang"-*.whl 2>/dev/null | head -n1 || true)
+if [ -z "$sglang_wheel" ]; then
+  python3 -m pip download -q --no-deps "sglang==$sglang" -d "$work/sglang"
+  sglang_wheel=$(ls "$work"/sglang/sglang-"$sglang"-*.whl)
+fi
+kernel=sglang/kernels/ops/attention/dsa/tilelang_kernel.py
+rm -rf "$out/sgl"
+mkdir -p "$out/sgl/$(dirname "$kernel")"
+python3 - "$sglang_wheel" "$kernel" "$out/sgl/$kernel" <<'EOF'
+import sys, zipfile
+
+wheel, member, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, open(dest, "wb") as f:
+    f.write(z.read(member))
+EOF
+
+manifest="python $python_version $platform; tilelang $tilelang; sgl-flash-mla $flashmla; sglang $sglang; ${needs[*]}"
+echo "$manifest" > "$work/site/BUNDLE"
+echo "$manifest" > "$out/BUNDLE"
+tar -C "$work" -cf - site | xz -T0 -6 > "$out/site.tar.xz"
+du -sh "$out"
+size=$(du -sb "$out" | cut -f1)
+if [ "$size" -gt $((64 << 20)) ]; then
+  echo "offline-bundle.sh: $out is $((size >> 20)) MiB, over the 64 MiB a carried folder may take" >&2
+  exit 1
+fi

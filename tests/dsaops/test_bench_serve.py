@@ -1,0 +1,177 @@
+"""`dsaops bench serve` against the stand-in OpenAI server (at most 4 requests at once, 4 ms a
+token), with the pinned wheel's load generator: the knee at 4 within one sweep step, caps that
+disagree flagged, caps that agree not; a silent server stopped in bounded time; bad input exit 2."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from dsaops import pins
+from dsaops.cli import main
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
+
+CAP = 4
+LEVELS = [1, 2, 4, 8, 16]
+LOAD = ["--input-len", "16", "--output-len", "32", "--duration", "1", "--concurrency", ",".join(map(str, LEVELS))]
+
+
+def server_info(tokenizer: str) -> dict:
+    """SGLang 0.5.23's /server_info for GLM-5.3-Flash with attention-DP 2, --max-running-requests 16, and
+    a mamba state cache that holds 2 requests per DP rank (pristine: no mamba fields)."""
+    state = {"effective_max_running_requests_per_dp": 2, "memory_usage": {"token_capacity": 400_000, "kvcache": 30.0}}
+    return {"max_running_requests": 16, "attn_dp_size": 2, "dp_size": 1, "context_length": 32768,
+            "max_total_num_tokens": 400_000, "tokenizer_path": tokenizer, "model_path": tokenizer,
+            "internal_states": [dict(state), dict(state)]}
+
+
+def plan(tmp_path, per_dp: int, binding: str):
+    path = tmp_path / f"plan-{per_dp}-{binding}.json"
+    path.write_text(json.dumps({"max_running_requests_per_dp": per_dp, "binding_limit": binding,
+                                "parallel": {"attn_dp_size": 2, "dp_size": 1}}))
+    return str(path)
+
+
+@pytest.fixture
+def exporter(tmp_path):
+    """The real dsaops exporter on the stand-in, its log saying the mamba cache caps each rank at 2
+    (the two lines SGLang 0.5.23 logs; the exporter's contract tests pin their wording)."""
+    procs = []
+
+    def start(server_url: str) -> str:
+        log = tmp_path / "sglang.log"
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write_text(f"[{stamp} DP0 TP0 EP0] Mamba Cache is allocated. max_mamba_cache_size: 10, conv_state size: "
+                       "0.14GB, ssm_state size: 4.00GB \n"
+                       f"[{stamp} DP0 TP0 EP0] max_running_requests is capped to 2 by the mamba state cache "
+                       "(max_mamba_cache_size=10, 5 state slots per request). To raise it: increase "
+                       "--mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size with "
+                       "--mamba-ssm-dtype bfloat16.\n")
+        port = free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", server_url,
+                                       "--log-file", str(log), "--listen", f"127.0.0.1:{port}", "--interval", "1"]))
+        url = f"http://127.0.0.1:{port}"
+
+        def says_mamba():
+            try:
+                return _capped_by(url) == "mamba"
+            except OSError:
+                return False
+        assert wait_for(says_mamba, timeout=30), "the exporter never reported the mamba cap"
+        return url
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _capped_by(url: str) -> str | None:
+    with urllib.request.urlopen(url + "/metrics", timeout=2) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("dsa_concurrency_capped{") and line.endswith(" 1.0"):
+                return line.split('by="')[1].split('"')[0]
+    return None
+
+
+def sweep(capsys, argv) -> tuple[int, dict, str]:
+    rc = main(["bench", "serve", *argv, "--json"])
+    out, err = capsys.readouterr()
+    return rc, json.loads(out), err
+
+
+def test_knee_at_the_cap_and_a_plan_that_says_otherwise_is_flagged(standin, exporter, with_generator, tokenizer_dir,
+                                                                   tmp_path, capsys):
+    url = standin(max_running=CAP, token_latency=0.004, server_info=server_info(tokenizer_dir))
+    png = tmp_path / "sweep.png"
+    rc, report, err = sweep(capsys, ["--server-url", url, "--exporter-url", exporter(url), *LOAD,
+                                     "--plan", plan(tmp_path, 8, "dp_split"), "--plot", str(png)])
+    assert rc == 0, err
+    assert [lv["concurrency"] for lv in report["levels"]] == LEVELS
+    assert all(lv["completed"] == lv["requests"] for lv in report["levels"])
+    knee = report["knee"]["level"]
+    assert knee in (2, 4, 8), f"the knee is {knee}, not within one step of {CAP}: {report['levels']}"
+    server = report["caps"]["server"]
+    assert (server["total"], server["binding"]) == (CAP, "mamba")
+    assert "binding from the exporter" in server["source"]
+    flagged = "\n".join(report["disagreements"])
+    assert "the plan names 16 running requests (dp_split)" in flagged          # against the knee
+    assert "the plan names 16 running requests, the server runs 4" in flagged
+    assert "the plan says dp_split binds, the server's figures say mamba" in flagged
+    assert "the server names" not in flagged                                     # the server's cap agrees
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "[5/5] concurrency 16" in err
+
+
+def test_negative_control_a_plan_that_agrees_is_not_flagged(standin, with_generator, tokenizer_dir, tmp_path, capsys):
+    url = standin(max_running=CAP, token_latency=0.004, server_info=server_info(tokenizer_dir))
+    rc = main(["bench", "serve", "--server-url", url, *LOAD, "--plan", plan(tmp_path, 2, "mamba")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "DISAGREE" not in out
+    assert "agree: the knee matches every cap named" in out
+    assert "server cap: 4 running requests, binding mamba (from /server_info (mamba inferred" in out
+    assert "plan cap: 4 running requests, binding mamba" in out
+    assert "<- knee" in out
+
+
+def test_a_server_that_never_answers_is_stopped_in_bounded_time(standin, with_generator, tokenizer_dir, capsys):
+    url = standin(stall=True)
+    started = time.monotonic()
+    rc = main(["bench", "serve", "--server-url", url, "--tokenizer", tokenizer_dir, "--concurrency", "1,2,4",
+               "--duration", "1", "--timeout", "8", "--input-len", "8", "--output-len", "8"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert time.monotonic() - started < 30
+    assert "FAILED: concurrency 1: no result within 8 s" in out
+    assert "[2/3]" not in err                 # the sweep stops at the first silent level
+    assert "server cap: unknown" in out       # no /server_info on this server: said, not guessed
+
+
+def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, tmp_path, capsys):
+    url = standin(api_key="s3cret", token_latency=0.001)
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    rc = main(["bench", "serve", "--server-url", url, "--api-key-file", str(key), "--tokenizer", tokenizer_dir,
+               "--concurrency", "1", "--duration", "1", "--input-len", "8", "--output-len", "4"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "1  " in out and "2/2" in out
+    key.write_text("wrong")
+    assert main(["bench", "serve", "--server-url", url, "--api-key-file", str(key), "--tokenizer",
+                 tokenizer_dir]) == 2
+    assert "HTTP 401" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--server-url", "http://127.0.0.1:{dead}"], "/v1/models: cannot connect"),
+    (["--server-url", "localhost:30000"], "is not an http(s) URL"),
+    (["--server-url", "{url}", "--concurrency", "1,two"], "--concurrency takes comma-separated whole numbers"),
+    (["--server-url", "{url}", "--concurrency", "4,2"], "must rise without repeats"),
+    (["--server-url", "{url}", "--concurrency", "0,1"], "must be 1 or more"),
+    (["--server-url", "{url}", "--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: No such file"),
+    (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json: cannot read"),
+    (["--server-url", "{url}", "--duration", "0"], "--duration must be positive"),
+    (["--server-url", "{url}", "--plot", "/nonexistent/sweep.png"], "--plot /nonexistent/sweep.png: cannot write"),
+    (["--server-url", "{url}"], "needs the model's tokenizer: pass --tokenizer"),
+])
+def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message, capsys):
+    url = standin()
+    argv = [a.format(url=url, dead=free_port()) for a in argv]
+    assert main(["bench", "serve", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    errors = [line for line in err.splitlines() if line.startswith("dsaops bench:")]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+def test_without_the_load_generator_it_says_how_to_get_it(standin, tokenizer_dir, capsys):
+    """No sglang importable (the test environment's own): one line that says where it is."""
+    assert main(["bench", "serve", "--server-url", standin(), "--tokenizer", tokenizer_dir]) == 2
+    err = capsys.readouterr().err
+    assert "serving image" in err and f"pip install '{pins.requirement('sglang')}'" in err and len(err.strip().splitlines()) == 1

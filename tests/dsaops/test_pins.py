@@ -1,0 +1,118 @@
+"""One copy of each pinned version (dsaops/pins.toml): everything else reads it through dsaops.pins.
+
+The rule this test enforces:
+- Scanned: every file git tracks or would track, except docs (`*.md`), the patch series
+  (`sglang_patches/*.patch`: SGLang's own lines and prose), recorded results (`benchmarks/*.json`:
+  the versions a run measured) and pins.toml itself. Prose is skipped in scanned files too:
+  comments, and in Python the strings that stand alone as statements (docstrings).
+- A copy is a pinned version written as a value: right after `==`, `=`, a quote, `:`, `@`, `v`,
+  `-` or `/` (`sglang==0.5.23`, `"0.5.23"`, `dsaops/sglang:0.5.23-sm_90`, `v0.5.23-rocm`,
+  `sglang-0.5.23-*.whl`). A sentence naming the version ("SGLang 0.5.23 sizes ...") is prose.
+- The one exception is pyproject.toml's `kernels` extra: pip reads extras statically, before any
+  dsaops code runs, so it states the TileLang pin itself and this test checks the two agree.
+"""
+import io
+import re
+import subprocess
+import sys
+import tokenize
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dsaops import pins
+
+REPO = Path(__file__).resolve().parents[2]
+SKIPPED = ("*.md", "sglang_patches/*.patch", "benchmarks/*.json", "dsaops/pins.toml")
+EXCEPTIONS = {("pyproject.toml", 'kernels = ["tilelang==' + pins.TILELANG + '"]')}
+
+
+def prose_free(path: str, text: str) -> str:
+    """`text` with comments (and Python's standalone strings) blanked, line structure kept."""
+    if not path.endswith(".py"):
+        return "\n".join(re.sub(r"(^|\s)#.*", "", line) for line in text.split("\n"))
+    lines = text.split("\n")
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    blank = []
+    for i, tok in enumerate(tokens):
+        before = next((t for t in reversed(tokens[:i]) if t.type not in (tokenize.NL, tokenize.COMMENT)), None)
+        standalone = (tok.type == tokenize.STRING and tokens[i + 1].type in (tokenize.NEWLINE, tokenize.ENDMARKER)
+                      and (before is None or before.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)))
+        if tok.type == tokenize.COMMENT or standalone:
+            blank.append((tok.start, tok.end))
+    for (row, col), (end_row, end_col) in reversed(blank):
+        for r in range(row, end_row + 1):
+            line = lines[r - 1]
+            start, stop = (col if r == row else 0), (end_col if r == end_row else len(line))
+            lines[r - 1] = line[:start] + " " * (stop - start) + line[stop:]
+    return "\n".join(lines)
+
+
+def copies(path: str, text: str) -> list[str]:
+    """`path:line: text` for every pinned version written as a value outside prose."""
+    pattern = re.compile("[=:'\"@v/-](" + "|".join(map(re.escape, pins.PINS.values())) + r")(?![\w.])")
+    found = []
+    for number, (line, code) in enumerate(zip(text.split("\n"), prose_free(path, text).split("\n"), strict=True), 1):
+        if pattern.search(code) and (path, line.split("#")[0].strip()) not in EXCEPTIONS:
+            found.append(f"{path}:{number}: {line.strip()}")
+    return found
+
+
+def scanned() -> list[str]:
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    return [f for f in listed if f and (REPO / f).is_file() and not any(Path(f).match(g) for g in SKIPPED)]
+
+
+def test_no_second_copy_of_a_pin():
+    files = scanned()
+    assert "dsaops/image.py" in files and "playbooks/roles/dsaops/defaults/main.yml" in files   # the walk works
+    found = []
+    for path in files:
+        try:
+            text = (REPO / path).read_text()
+        except UnicodeDecodeError:
+            continue
+        found += copies(path, text)
+    assert not found, "read these through dsaops.pins (dsaops/pins.toml) instead:\n" + "\n".join(found)
+
+
+CASES = {
+    "py constant": ("a.py", f'VERSION = "{pins.SGLANG}"\n', True),
+    "py argument": ("a.py", f'cmd = ["pip", "install", "tilelang=={pins.TILELANG}"]\n', True),
+    "py docstring and comment": (
+        "a.py", f'"""Follows SGLang {pins.SGLANG}: sglang=={pins.SGLANG}, "{pins.SGLANG}"."""\nX = 1  # sglang=={pins.SGLANG}\n',
+        False),
+    "py value beside a docstring": (
+        "a.py", f'def f():\n    """the sglang-{pins.SGLANG}-*.whl wheel"""\n    return "sglang-{pins.SGLANG}-x.whl"\n', True),
+    "py sentence": ("a.py", f'print(f"SGLang {pins.SGLANG} sizes it")\n', False),
+    "yaml value": ("main.yml", f'image: "dsaops/sglang:{pins.SGLANG}-{{{{ target }}}}"\n', True),
+    "yaml comment": ("main.yml", f"# the images area tags dsaops/sglang:{pins.SGLANG}-<target>\nimage: x\n", False),
+    "make variable": ("Makefile", f"TILELANG ?= tilelang=={pins.TILELANG}\n", True),
+    "toml image tag": ("targets.toml", f'base_image = "lmsysorg/sglang:v{pins.SGLANG}-rocm10-mi30x"\n', True),
+    "requirement": ("req.txt", f"sgl-flash-mla=={pins.FLASH_MLA}\n", True),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_scan_tells_a_copy_from_prose(case):
+    path, text, caught = CASES[case]
+    assert bool(copies(path, text)) == caught, copies(path, text)
+
+
+def test_pyprojects_kernels_extra_is_the_tilelang_pin():
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["kernels"] == [pins.requirement("tilelang")]
+
+
+def test_pins_for_shell_and_make():
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "dsaops.pins", *args], check=False, capture_output=True,
+                              text=True, cwd=REPO)
+
+    assert run("sglang").stdout == pins.SGLANG + "\n"
+    assert run("tilelang", "--requirement").stdout == f"tilelang=={pins.TILELANG}\n"
+    assert run().stdout.count("==") == 0 and f'"sgl-flash-mla": "{pins.FLASH_MLA}"' in run().stdout
+    unknown = run("torch")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr

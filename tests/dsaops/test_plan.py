@@ -1,0 +1,202 @@
+"""`dsaops plan` reproduces the figures reported upstream and says what binds."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dsaops import kv_budget, model_geometry
+from dsaops.cli import main
+
+GLM = model_geometry.load_preset("glm-5.3-flash")
+GIB = 1 << 30
+H20 = ["--target", "sm_90", "--nodes", "1", "--gpus-per-node", "8", "--tp-size", "8", "--mem-fraction-static", "0.80",
+       "--gpu-memory-gib", "140", "--context-length", "32768"]
+TILELANG = ["--dsa-prefill-backend", "tilelang", "--dsa-decode-backend", "tilelang"]
+
+
+def plan(argv, capsys) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def refused(argv, capsys) -> str:
+    assert main(["plan", *argv]) == 2
+    return capsys.readouterr().err
+
+
+def within(value, reference, tolerance=0.001):
+    return abs(value - reference) / reference <= tolerance
+
+
+@pytest.mark.parametrize("layout, total", [("bf16", 12_716), ("raw_fp8", 7_084), ("scaled_fp8", 7_260)])
+def test_bytes_per_token(layout, total):
+    cell = GLM.kv_bytes_per_token(layout)
+    assert cell["total"] == total
+    assert (cell["attention_layers"], cell["indexer"]) == (11, 11 * 132)
+
+
+def test_h20_pool_from_the_logged_kv_size():
+    """32.48 GB of bf16 KV holds 2,742,144 tokens, 32.47 GB of raw fp8 4,922,240 (8xH20, as reported upstream)."""
+    bf16 = kv_budget.kv_pool_tokens(32.48 * GIB, cell_bytes=12_716, page_tokens=GLM.page_tokens)
+    fp8 = kv_budget.kv_pool_tokens(32.47 * GIB, cell_bytes=7_084, page_tokens=GLM.page_tokens)
+    assert within(bf16, 2_742_144) and within(fp8, 4_922_240)
+    # and the other way: those pools are exactly what SGLang's log line reports
+    assert f"{GLM.kv_pool_bytes(2_742_144, 'bf16') / GIB:.2f}" == "32.48"
+    assert f"{GLM.kv_pool_bytes(4_922_240, 'raw_fp8') / GIB:.2f}" == "32.47"
+
+
+def test_h20_plan_reproduces_both_arms(capsys):
+    """One memory budget, both KV dtypes: 211 mamba slots either way, the pools within 0.1%, 1.795x."""
+    args = [*H20, "--attn-dp-size", "8", *TILELANG, "--max-running-requests", "256", "--free-memory-gib", "89.5"]
+    bf16 = plan([*args, "--kv-cache-dtype", "bf16"], capsys)
+    fp8 = plan([*args, "--kv-cache-dtype", "fp8_e4m3"], capsys)
+    assert (bf16["kv_layout"], fp8["kv_layout"]) == ("bf16", "raw_fp8")
+    assert (bf16["kv_bytes_per_token"], fp8["kv_bytes_per_token"]) == (12_716, 7_084)
+    assert bf16["mamba_slots_per_dp"] == fp8["mamba_slots_per_dp"] == 211
+    assert within(bf16["kv_pool_tokens_per_rank"], 2_742_144) and within(fp8["kv_pool_tokens_per_rank"], 4_922_240)
+    assert round(fp8["kv_pool_tokens_per_rank"] / bf16["kv_pool_tokens_per_rank"], 3) == 1.795
+    # 8 GPUs, attention DP 8: each rank's linear attention is one GPU wide (the 4.7 + 133 MB slots of the report)
+    assert fp8["parallel"]["attn_tp_size"] == 1 and fp8["mamba_slot_bytes"]["layers"] == 34
+
+
+def test_dp_split_eight_by_eight_is_one(capsys):
+    """--max-running-requests 8 with DP attention 8 runs one request per rank, in either spelling."""
+    old = plan([*H20, "--dp-size", "8", "--enable-dp-attention", "--kv-cache-dtype", "fp8_e4m3", *TILELANG,
+                "--max-running-requests", "8", "--free-memory-gib", "89.5"], capsys)
+    new = plan([*H20, "--attn-dp-size", "8", "--kv-cache-dtype", "fp8_e4m3", *TILELANG,
+                "--max-running-requests", "8", "--free-memory-gib", "89.5"], capsys)
+    for p in (old, new):
+        assert (p["max_running_requests_per_dp"], p["binding_limit"]) == (1, "dp_split")
+        assert any("--max-running-requests" in w and "8 // 8" in w for w in p["warnings"])
+    assert old["sglang_args"] == new["sglang_args"] and "--attn-dp-size" in new["sglang_args"]
+    for key in ("kv_layout", "kv_bytes_per_token", "kv_pool_tokens_per_rank", "mamba_slots_per_dp",
+                "max_running_requests_per_dp", "binding_limit", "warnings"):
+        assert key in new
+
+
+def test_mamba_cap_binds_and_names_the_flags(capsys):
+    """sgl-project/sglang#36889: --max-mamba-cache-size 40 over 5 slots a request caps at 8; bf16 ssm halves the slot."""
+    base = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", "--kv-cache-dtype",
+            "fp8_e4m3", *TILELANG, "--mem-fraction-static", "0.94", "--gpu-memory-gib", "119",
+            "--free-memory-gib", "30", "--max-running-requests", "12"]
+    p = plan([*base, "--max-mamba-cache-size", "40"], capsys)
+    assert (p["mamba_running_requests_cap"], p["max_running_requests_per_dp"], p["binding_limit"]) == (8, 8, "mamba")
+    assert any("--max-mamba-cache-size" in w and "--mamba-ssm-dtype bfloat16" in w for w in p["warnings"])
+    fp32 = plan(base, capsys)
+    bf16 = plan([*base, "--mamba-ssm-dtype", "bfloat16"], capsys)
+    assert bf16["mamba_slot_bytes"]["ssm"] * 2 == fp32["mamba_slot_bytes"]["ssm"]
+    assert bf16["mamba_slots_per_dp"] > 1.8 * fp32["mamba_slots_per_dp"]
+
+
+def test_mamba_ratio_rules_reach_the_cap(capsys):
+    """max_mamba_cache_size // ratio: 5 by default, 3 without the extra buffer, 1 without the radix cache."""
+    base = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5",
+            "--max-running-requests", "1000", "--max-mamba-cache-size", "300"]
+    caps = {extra: plan([*base, *extra], capsys)["mamba_running_requests_cap"] for extra in
+            ((), ("--mamba-radix-cache-strategy", "no_buffer"), ("--disable-overlap-schedule",),
+             ("--disable-radix-cache",))}
+    assert list(caps.values()) == [300 // 5, 300 // 3, 300 // 4, 300 // 1]
+
+
+def test_kv_binds_when_memory_is_short(tmp_path, capsys):
+    """A DSA model without mamba state (GLM-5.2 style): only the pool caps (tokens // 2)."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 78, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "index_head_dim": 128, "index_topk": 2048, "max_position_embeddings": 202752}))
+    p = plan([*H20, "--model-config", str(tmp_path / "config.json"), "--kv-cache-dtype", "bf16", *TILELANG,
+              "--free-memory-gib", "28.2", "--max-running-requests", "100000"], capsys)
+    assert p["kv_bytes_per_token"] == 78 * (576 * 2 + 132) and p["mamba_slots_per_dp"] is None
+    assert p["binding_limit"] == "kv" and p["max_running_requests_per_dp"] == p["kv_pool_tokens_per_rank"] // 2
+    assert any("--mem-fraction-static" in w for w in p["warnings"])
+
+
+def test_default_backends_and_layouts_per_target(capsys):
+    """Unset backends: fp8 on SM90 is flashmla_kv (scaled), on GB10 trtllm (raw), on MI300X triton (raw, e4m3fnuz)."""
+    common = ["--nodes", "1", "--gpus-per-node", "8", "--tp-size", "8", "--kv-cache-dtype", "fp8_e4m3",
+              "--mem-fraction-static", "0.8", "--gpu-memory-gib", "140", "--free-memory-gib", "89.5"]
+    sm90, gfx = plan(["--target", "sm_90", *common], capsys), plan(["--target", "gfx942", *common], capsys)
+    assert (sm90["kv_layout"], sm90["kv_bytes_per_token"], sm90["dsa_decode_backend"]) == ("scaled_fp8", 7_260, "flashmla_kv")
+    assert (gfx["kv_layout"], gfx["kv_storage_dtype"], gfx["dsa_decode_backend"]) == ("raw_fp8", "float8_e4m3fnuz", "triton")
+    assert any("DSA backends not given" in w for w in sm90["warnings"])
+
+
+def test_q8_prefill_only_where_the_target_has_it(capsys):
+    args = ["--nodes", "1", "--gpus-per-node", "4", "--tp-size", "4", "--kv-cache-dtype", "fp8_e4m3",
+            "--dsa-prefill-backend", "flashmla_sparse_q8", "--dsa-decode-backend", "tilelang",
+            "--mem-fraction-static", "0.8", "--gpu-memory-gib", "140", "--free-memory-gib", "89.5"]
+    h200 = plan(["--target", "sm_90", *args], capsys)
+    assert (h200["kv_layout"], h200["kv_bytes_per_token"]) == ("raw_fp8", 7_084)
+    err = refused(["--target", "sm_121", *args], capsys)
+    assert "flashmla_sparse_q8" in err and "SM90" in err
+
+
+def test_mixed_tilelang_fp8_is_refused_with_sglangs_message(capsys):
+    err = refused([*H20, "--kv-cache-dtype", "fp8_e4m3", "--dsa-prefill-backend", "tilelang",
+                   "--dsa-decode-backend", "flashmla_sparse", "--free-memory-gib", "89.5"], capsys)
+    assert "requires both DSA backends to be tilelang" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad, says", [
+    (["--gpus-per-node", "4"], "make them agree"),
+    (["--attn-dp-size", "3"], "must divide --tp-size"),
+    (["--mem-fraction-static", "1.5"], "between 0 and 1"),
+    (["--free-memory-gib", "500"], "check --gpu-memory-gib"),
+    (["--free-memory-gib", "20"], "raise"),            # the slack eats it all
+    (["--target", "sm_100"], "valid targets"),
+    (["--model", "nope"], "presets: glm-5.3-flash"),
+    (["--context-length", "0"], "--context-length must be positive"),
+    (["--max-mamba-cache-size", "4"], "too small to serve any request"),
+    (["--max-mamba-cache-size", "4", "--attn-dp-size", "8"], "not enough GPU memory for the mamba state cache"),
+])
+def test_bad_input_says_what_to_change(bad, says, capsys):
+    argv = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    for i in range(0, len(bad), 2):  # later flags win in argparse; replace in place to keep one spelling
+        if bad[i] in argv:
+            argv[argv.index(bad[i]) + 1] = bad[i + 1]
+        else:
+            argv += bad[i:i + 2]
+    assert says in refused(argv, capsys)
+
+
+def test_assumed_free_memory_is_said(capsys):
+    """Without --free-memory-gib the plan says what it assumed, from the target's reserved memory."""
+    assert main(["plan", *H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG]) == 0
+    out = capsys.readouterr().out
+    assert "ASSUMED" in out and "reserved_memory_gib 1" in out and "KV pool" in out
+    mine = plan([*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--weights-gib", "400"], capsys)
+    assert mine["memory"]["free_after_weights_gib"] == 139 - 50 and mine["memory"]["free_after_weights_source"] == "--weights-gib"
+
+
+def test_model_config_file(tmp_path, capsys):
+    """A config.json sizes the same as the preset; one without a DSA indexer is refused clearly."""
+    raw = json.loads((model_geometry.MODELS_DIR / "glm-5.3-flash.json").read_text())
+    del raw["_dsaops"]
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": raw["architectures"], "text_config": raw}))
+    args = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    assert plan([*args, "--model-config", str(tmp_path / "config.json")], capsys)["kv_bytes_per_token"] == 7_084
+    (tmp_path / "dense.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32}))
+    assert "index_topk" in refused([*args, "--model-config", str(tmp_path / "dense.json")], capsys)
+
+
+def test_console_script_prints_the_table():
+    out = subprocess.run([sys.executable, "-m", "dsaops", "plan", *H20, "--attn-dp-size", "8", "--kv-cache-dtype",
+                          "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5", "--max-running-requests", "8"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "7,084 = attention 11 x 512" in out and "binding: dp_split" in out and "WARNING" in out
+
+
+def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
+    """Reported upstream: on 2x GB10 the mamba state cache held speculative configs at 2 streams
+    (sgl-project/sglang#36889)."""
+    sparks = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", "--kv-cache-dtype",
+              "fp8_e4m3", *TILELANG, "--mem-fraction-static", "0.94", "--gpu-memory-gib", "119",
+              "--free-memory-gib", "9", "--context-length", "57344", "--mamba-ssm-dtype", "bfloat16"]
+    plain = plan([*sparks, "--max-running-requests", "4"], capsys)
+    spec = plan([*sparks, "--max-running-requests", "12", "--speculative-num-draft-tokens", "6"], capsys)
+    assert (plain["binding_limit"], plain["max_running_requests_per_dp"]) == ("request", 4)
+    assert (spec["binding_limit"], spec["max_running_requests_per_dp"]) == ("mamba", 2)
+    assert spec["kv_bytes_per_token"] == 7_084 + 5_632 // 11 + 132          # one NextN draft layer
+    assert not any("--mamba-ssm-dtype bfloat16" in w for w in spec["warnings"])   # already bf16
+    assert "--speculative-algorithm" in spec["sglang_args"] and any("DFLASH" in a for a in spec["assumptions"])
+    assert "--max-running-requests" in refused([*sparks, "--speculative-num-draft-tokens", "6"], capsys)

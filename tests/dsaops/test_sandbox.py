@@ -1,0 +1,112 @@
+"""The sandbox refuses the network and stops runaway code: each shown against a control that
+runs the same program outside it, or a program that stays within the limits."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dsaops.bench import sandbox
+from tests.support.polling import wait_for
+from tests.support.prerequisites import need
+
+MODES = ["namespace", "sockets"]
+
+
+def mode_for(name: str) -> str:
+    if name == "sockets":
+        return "sockets"
+    found = sandbox.isolation()
+    need(found != "sockets", "a network namespace (root, or unprivileged user namespaces) for `unshare --net`")
+    return found
+
+
+def run(code: str, mode: str, timeout: float = 5, memory_mb: int = 256) -> sandbox.Outcome:
+    return sandbox.run_python(code, timeout=timeout, memory_mb=memory_mb, mode=mode_for(mode))
+
+
+@pytest.fixture
+def listener():
+    """A loopback TCP server that counts the connections it accepts."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], accepted
+    srv.close()
+
+
+CONNECT = "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3).close()\nprint('connected')\n"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_network_is_refused(listener, mode):
+    port, accepted = listener
+    control = subprocess.run([sys.executable, "-c", CONNECT.format(port=port)], capture_output=True, text=True,
+                             timeout=10, check=True)
+    assert control.stdout.strip() == "connected" and wait_for(lambda: len(accepted) == 1, 5)
+    outcome = run(CONNECT.format(port=port), mode)
+    assert outcome.status == "failed", outcome
+    assert ("Network is unreachable" if mode == "namespace" else "network access is refused") in outcome.detail
+    time.sleep(0.3)
+    assert len(accepted) == 1, "the sandboxed program reached the listener"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_program_within_its_limits_passes(mode):
+    outcome = run("import math\nassert math.factorial(5) == 120\nprint('ok')\n", mode)
+    assert (outcome.status, outcome.detail) == ("passed", "ok")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_infinite_loop_is_stopped(mode):
+    started = time.monotonic()
+    outcome = run("while True:\n    pass\n", mode, timeout=1.5)
+    assert outcome.status == "timeout" and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_memory_bomb_is_stopped(mode):
+    outcome = run("hoard = []\nwhile True:\n    hoard.append(bytearray(10 ** 7))\n", mode, memory_mb=200)
+    assert outcome.status == "memory" and outcome.seconds < 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_output_flood_is_stopped(mode):
+    outcome = run("while True:\n    print('x' * 10000)\n", mode)
+    assert outcome.status == "failed" and "wrote more than" in outcome.detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fork_bomb_leaves_nothing_behind(mode):
+    need(os.geteuid() == 0 or mode == "namespace", "root (the process-count limit binds once it drops to nobody)")
+    bomb = ("import os\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+            "    except OSError:\n        pass\n")
+    outcome = run(bomb, mode, timeout=1.5)
+    assert outcome.status == "timeout"
+
+    def strays() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"dsaops-sandbox-" in f.read():
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+    assert wait_for(lambda: not strays(), 5), f"bomb processes left: {strays()}"

@@ -1,0 +1,295 @@
+"""The planner's formulas against SGLang 0.5.23's own code, lifted from the pinned wheel."""
+import itertools
+import logging
+import sys
+from dataclasses import dataclass, field
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+import torch
+
+from dsaops import concurrency, kv_budget, kv_layout, model_geometry
+from tests.support.sglang_definitions import define, fake_modules, value
+
+KVC = "srt/mem_cache/kv_cache_configurator.py"
+POOL = "srt/model_executor/pool_configurator.py"
+MAMBA = "srt/configs/mamba_utils.py"
+GLM = model_geometry.load_preset("glm-5.3-flash")
+
+
+def _ratio_fn():
+    """kv_cache_configurator.py _calculate_mamba_ratio with its constants and
+    allocation_sizing.py get_mamba_tracking_slots, as pinned."""
+    ns = {name: value(KVC, name) for name in ("MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO",
+                                              "MAMBA_CACHE_BASE_RATIO_DROP_ON_SKIP",
+                                              "MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_BUFFER")}
+    define("srt/mem_cache/allocation_sizing.py", "get_mamba_tracking_slots", ns)
+    return ns, define(KVC, "KVCacheConfigurator._calculate_mamba_ratio", ns)
+
+
+def _set_mamba_flags(ns, *, radix_off, extra, overlap, lazy, skip):
+    ns["get_memory"] = lambda: NS(disable_radix_cache=radix_off)
+    ns["get_exec"] = lambda: NS(mamba=NS(enable_mamba_extra_buffer=extra, enable_mamba_extra_buffer_lazy=lazy))
+    ns["get_schedule"] = lambda: NS(disable_overlap_schedule=not overlap)
+    ns["envs"] = NS(SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=NS(get=lambda: skip))
+
+
+def test_mamba_slots_per_request_match_calculate_mamba_ratio():
+    ns, ratio = _ratio_fn()
+    seen = set()
+    for radix_off, extra, overlap, lazy, skip in itertools.product((False, True), repeat=5):
+        if lazy and not extra:
+            continue  # lazy is a flavour of the extra buffer
+        _set_mamba_flags(ns, radix_off=radix_off, extra=extra, overlap=overlap, lazy=lazy, skip=skip)
+        kwargs = {"disable_radix_cache": radix_off, "extra_buffer": extra, "overlap": overlap, "lazy": lazy,
+                  "skip_decode_lock": skip}
+        if lazy and not overlap and not radix_off:
+            with pytest.raises(AssertionError):
+                ratio(None)
+            with pytest.raises(ValueError):
+                concurrency.mamba_slots_per_request(**kwargs)
+            continue
+        assert concurrency.mamba_slots_per_request(**kwargs) == ratio(None), kwargs
+        seen.add(ratio(None))
+    assert seen == {1, 3, 4, 5}   # the grid reaches every rule: no radix, base, +1, +2
+
+
+def test_resolve_matches_resolve_max_num_reqs():
+    """The effective per-DP limit equals SGLang's, over requests, DP sizes, pools and mamba caches."""
+    ns, ratio = _ratio_fn()
+    _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
+    ns["logger"] = logging.getLogger("sglang-lifted")
+    resolve_max = define(KVC, "KVCacheConfigurator.resolve_max_num_reqs", ns)
+    for requested, dp, tokens, mamba in itertools.product((None, 1, 8, 48, 256, 5000), (1, 2, 8),
+                                                          (1000, 161_600, 4_922_240), (None, 40, 211, 5000)):
+        schedule = NS(max_running_requests=requested, max_mamba_cache_size=mamba, disable_overlap_schedule=False)
+        ns["get_schedule"] = lambda s=schedule: s
+        kvc = NS(model_config=NS(context_len=202752), attn_dp_size=dp,
+                 mambaish_config=object() if mamba is not None else None, _calculate_mamba_ratio=lambda: ratio(None))
+        ours = concurrency.resolve(requested=requested, attn_dp_size=dp, token_capacity=tokens, context_len=202752,
+                                   max_mamba_cache_size=mamba, mamba_slots=5 if mamba is not None else None)
+        if mamba is not None and mamba // 5 <= 0:
+            continue
+        assert ours.effective_per_dp == resolve_max(kvc, tokens), (requested, dp, tokens, mamba)
+
+
+@pytest.mark.parametrize("hip", [False, True])
+def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
+    pool = {"DSATokenToKVPool": NS(**{k: value("srt/mem_cache/memory_pool.py", f"DSATokenToKVPool.{k}", {"torch": torch})
+                                      for k in ("quant_block_size", "rope_storage_dtype")})}
+    ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"),
+          "_is_hip": hip, "torch": torch, **pool}
+    dim_of = define(KVC, "calculate_mla_kv_cache_dim", ns)
+    model = NS(hf_config=None, kv_lora_rank=GLM.kv_lora_rank, qk_rope_head_dim=GLM.qk_rope_head_dim)
+    backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "fa3", "trtllm", "triton", "aiter")
+    for kv, (prefill, decode) in itertools.product(("bf16", "fp8_e4m3"), itertools.product(backends, repeat=2)):
+        ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
+        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+        sglang_bytes = dim_of(model_config=model, kv_cache_dtype=dtype) * dtype.itemsize
+        layout = kv_layout.kv_layout(kv, kv_layout.Backends(prefill, decode, False), hip=hip, nope_q8=False)
+        assert GLM.attention_bytes_per_layer(layout) == sglang_bytes, (kv, prefill, decode)
+
+
+@pytest.mark.parametrize("hip", [False, True])
+def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
+    check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))   # an H20, as upstream reported
+    backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "trtllm", "triton", "aiter")
+    refused = 0
+    for kv, (prefill, decode) in itertools.product(("bfloat16", "fp8_e4m3"), itertools.product(backends, repeat=2)):
+        try:
+            check(kv, prefill, decode, hip=hip)
+            sglang = None
+        except ValueError as e:
+            sglang = str(e)
+        try:
+            kv_layout.check_backends(kv_layout.normalize_kv_dtype(kv), kv_layout.Backends(prefill, decode, False),
+                                     hip=hip, q8_prefill=True, nope_q8=False)
+            ours = None
+        except kv_layout.BackendRefused as e:
+            ours = str(e)
+        assert ours == sglang, (kv, prefill, decode)
+        refused += sglang is not None
+    assert refused > 0 or hip
+
+
+def patched_check(root, monkeypatch):
+    """_check_dsa_backend_constraints after the series, with the q8 predicate it imports."""
+    q8 = define("srt/configs/model_config.py", "is_q8_raw_fp8_nope_layout", {}, root=root)
+    fake_modules(monkeypatch, {"sglang.srt.configs.model_config": {"is_q8_raw_fp8_nope_layout": q8}})
+    return define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints",
+                {"logger": logging.getLogger("sglang-lifted")}, root=root)
+
+
+@pytest.mark.parametrize("rope", [0, 64])
+def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
+    """The series admits q8 prefill + tilelang decode over the raw pool for NoPE MLA only; the plan
+    agrees on what is refused (its text leads SGLang's) and on the row width (patched calculate_mla_kv_cache_dim)."""
+    check = patched_check(patched_root, monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    q8 = sys.modules["sglang.srt.configs.model_config"].is_q8_raw_fp8_nope_layout
+    ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"), "_is_hip": False,
+          "torch": torch, "is_q8_raw_fp8_nope_layout": q8,
+          "DSATokenToKVPool": NS(quant_block_size=128, rope_storage_dtype=torch.bfloat16)}
+    dim_of = define(KVC, "calculate_mla_kv_cache_dim", ns, root=patched_root)
+    geometry = model_geometry.from_config({**json_preset(), "qk_rope_head_dim": rope}, name="t")
+    model = NS(hf_config=None, kv_lora_rank=512, qk_rope_head_dim=rope)
+    prefills = ("tilelang", "flashmla_sparse_q8", "flashmla_sparse", "flashmla_kv", "trtllm")
+    decodes = ("tilelang", "flashmla_sparse", "flashmla_kv", "trtllm")
+    admitted_q8 = 0
+    for prefill, decode in itertools.product(prefills, decodes):
+        b = kv_layout.Backends(prefill, decode, False)
+        nope_q8 = kv_layout.q8_raw_nope(b, kv_lora_rank=512, qk_rope_head_dim=rope)
+        try:
+            check("fp8_e4m3", prefill, decode, hip=False, kv_lora_rank=512, qk_rope_head_dim=rope)
+            sglang = None
+        except ValueError as e:
+            sglang = str(e)
+        try:
+            kv_layout.check_backends("fp8_e4m3", b, hip=False, q8_prefill=True, nope_q8=nope_q8)
+            ours = None
+        except kv_layout.BackendRefused as e:
+            ours = str(e)
+        assert (ours is None) == (sglang is None), (prefill, decode, sglang)
+        assert sglang is None or sglang.startswith(ours), (prefill, decode)
+        if sglang is None:
+            ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
+            layout = kv_layout.kv_layout("fp8_e4m3", b, hip=False, nope_q8=nope_q8)
+            assert geometry.attention_bytes_per_layer(layout) == dim_of(model_config=model,
+                                                                        kv_cache_dtype=torch.float8_e4m3fn)
+            admitted_q8 += prefill == "flashmla_sparse_q8" and decode == "tilelang"
+    assert admitted_q8 == (1 if rope == 0 else 0)
+
+
+def test_boot_gate_message_is_sglangs(monkeypatch):
+    """The pairing the boot gate launches is refused with exactly the text verify waits for."""
+    check = define("srt/arg_groups/overrides.py", "_check_dsa_backend_constraints", {})
+    with pytest.raises(ValueError) as refusal:
+        check("fp8_e4m3", "tilelang", "flashmla_sparse", hip=False)
+    assert str(refusal.value) == kv_layout.MIXED_TILELANG_REFUSAL
+
+
+def test_indexer_bytes_match_compute_dsa_indexer_cell_size(monkeypatch):
+    """_compute_dsa_indexer_cell_size with the pinned skip-top-k rule (dsa_layer_skips_topk)."""
+    ns = {"torch": torch, "_is_npu": False, "get_memory": lambda: NS(enable_hisparse=False),
+          "DSATokenToKVPool": NS(quant_block_size=value("srt/mem_cache/memory_pool.py", "DSATokenToKVPool.quant_block_size"),
+                                 index_k_with_scale_buffer_dtype=torch.uint8),
+          "get_dsa_index_head_dim": lambda c: c.index_head_dim,
+          "get_dsa_index_kpool": lambda c: getattr(c, "index_kpool", 1),
+          "is_deepseek_dsa": lambda c: True}
+    define("srt/utils/common.py", "ceil_div", ns)
+    skips = define("srt/configs/model_config.py", "dsa_layer_skips_topk", ns)
+    define(POOL, "_get_dsa_cache_layer_ids", ns)
+    cell = define(POOL, "DefaultPoolConfigurator._compute_dsa_indexer_cell_size", ns)
+    fake_modules(monkeypatch, {
+        "sglang.srt.mem_cache.kv_cache_configurator": {"_should_elide_dsa_index_k": lambda **_: True},
+        "sglang.srt.layers.cp.utils": {"get_glm_dsa_cp_layer_shard_info": lambda kvc: (None, 1),
+                                       "get_layer_shard_range": None},   # only used with CP layer split
+        "sglang.srt.configs.model_config": {"dsa_layer_skips_topk": skips}})
+    for extra in ({}, {"index_topk_freq": 2}, {"index_topk_pattern": "FFFSFFFSFFFSFFFSFFFSFFFSFFFSFFFSFFFSFFFSFFFSF"}):
+        raw = {**json_preset(), **extra}
+        geometry = model_geometry.from_config(raw, name="t")
+        hf = NS(**{k: v for k, v in raw.items() if not k.startswith("_")})
+        kvc = NS(model_config=NS(hf_config=hf), is_draft_worker=False, server_args=NS(enable_hisparse=False),
+                 mambaish_config=NS(full_attention_layer_ids=list(geometry.full_attention_layers)),
+                 layer_info=NS(start_layer=0, end_layer=geometry.num_layers))
+        n = len(geometry.full_attention_layers)
+        assert cell(None, kvc=kvc, num_layers=n) == geometry.kv_bytes_per_token("raw_fp8")["indexer"], extra
+    assert geometry.kv_bytes_per_token("raw_fp8")["indexer_layers"] < 11   # the pattern skipped some
+
+
+def json_preset() -> dict:
+    import json
+
+    return json.loads((model_geometry.MODELS_DIR / "glm-5.3-flash.json").read_text())
+
+
+def test_preset_and_layers_match_glm5_next_config_defaults():
+    """Glm5NextTextConfig (pinned) builds the same layer split and defaults as the preset."""
+    class PretrainedConfig:
+        def __init__(self, **kwargs):
+            for k, v in kwargs.items():
+                setattr(self, k, v)
+    ns = {"PretrainedConfig": PretrainedConfig}
+    cfg = define("srt/configs/glm5_next.py", "Glm5NextTextConfig", ns)(index_head_dim=128, index_topk=2048)
+    assert GLM.full_attention_layers == tuple(cfg.full_attention_layer_ids)
+    assert GLM.linear_layers == tuple(cfg.linear_layer_ids)
+    assert (len(GLM.full_attention_layers), len(GLM.linear_layers)) == (11, 34)
+    for key in ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "max_position_embeddings"):
+        assert json_preset()[key] == getattr(cfg, key), key
+    lin = cfg.linear_attn_config
+    assert (GLM.linear_num_heads, GLM.linear_head_dim, GLM.linear_conv_kernel) == (
+        lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"])
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("ssm", [torch.float32, torch.bfloat16])
+def test_mamba_slot_bytes_match_mamba_cache_per_req(tp, ssm):
+    ns = {"dataclass": dataclass, "field": field, "np": np, "torch": torch, "ABC": object, "mamba2_state_dtype": None}
+    define("srt/distributed/utils.py", "ensure_divisibility", ns)
+    define("srt/distributed/utils.py", "divide", ns)
+    for cls in ("Mamba2StateDType", "BaseLinearStateParams", "KimiLinearStateShape", "KimiLinearCacheParams"):
+        define(MAMBA, cls, ns)
+    shape = ns["KimiLinearStateShape"].create(tp_world_size=tp, num_heads=GLM.linear_num_heads,
+                                              head_dim=GLM.linear_head_dim, conv_kernel_size=GLM.linear_conv_kernel)
+    params = ns["KimiLinearCacheParams"](shape=shape, layers=list(GLM.linear_layers),
+                                         dtype=ns["Mamba2StateDType"](conv=torch.bfloat16, temporal=ssm))
+    assert GLM.mamba_slot_bytes(tp, ssm_bytes=ssm.itemsize)["total"] == params.mamba_cache_per_req
+
+
+def test_pool_tokens_match_calculate_pool_sizes():
+    ns = {"dataclass": dataclass}
+    config_cls = define(POOL, "MemoryPoolConfig", ns)
+    sizes = define(POOL, "DefaultPoolConfigurator.calculate_pool_sizes", {"MemoryPoolConfig": config_cls})
+    for cell, budget in itertools.product((12716, 7084, 7260), (1 << 30, 32.47 * (1 << 30), 123_456_789_012)):
+        me = NS(_fixed_overhead_bytes=0, _cell_size=cell, _zero_kv_max_tokens=0)
+        expected = sizes(me, int(budget), GLM.page_tokens).max_total_num_tokens
+        assert kv_budget.kv_pool_tokens(budget, cell_bytes=cell, page_tokens=GLM.page_tokens) == expected
+
+
+def test_mamba_pool_matches_handle_max_mamba_cache():
+    """_handle_max_mamba_cache (pinned) over budgets, DP sizes, explicit sizes, radix off and speculative
+    decoding: the same slot count and the same memory left for the KV pool."""
+    ns, ratio = _ratio_fn()
+    _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
+    ns.update(_pd_prefill_skips_mamba_spec_state=lambda: False)
+    handle = define(KVC, "KVCacheConfigurator._handle_max_mamba_cache", ns)
+    slot = GLM.mamba_slot_bytes(1)["total"]
+    grid = itertools.product((2.24, 61.6), (1, 8), (None, 40, 300), (None, 6), (False, True), (None, 12, 256))
+    checked = 0
+    for rest, dp, size, draft, radix_off, running in grid:
+        if draft and running is None:
+            continue   # SGLang asserts max_running_requests with speculative decoding; so does the plan
+        schedule = NS(max_running_requests=running, max_mamba_cache_size=size, mamba_full_memory_ratio=0.9,
+                      disable_overlap_schedule=False)
+        ns["get_schedule"] = lambda s=schedule: s
+        ns["get_memory"] = lambda r=radix_off: NS(disable_radix_cache=r)
+        ns["get_spec"] = lambda d=draft: NS(speculative_num_draft_tokens=d)
+        ns["get_exec"] = lambda: NS(mamba=NS(enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=True,
+                                             enable_mamba_extra_buffer_lazy=False))
+        ns["get_context"] = lambda s=schedule: NS(override=lambda name, max_mamba_cache_size: setattr(
+            s, "max_mamba_cache_size", max_mamba_cache_size))
+        kvc = NS(mambaish_config=NS(mamba2_cache_params=NS(layers=list(GLM.linear_layers), mamba_cache_per_req=slot)),
+                 pp_size=1, fused_entry_bytes=lambda name: None, spec_algorithm=NS(is_none=lambda d=draft: not d),
+                 hybrid_gdn_config=None, hybrid_kda_config=object(), extra_mamba_cache_bytes_per_req=0,
+                 attn_dp_size=dp, _calculate_mamba_ratio=lambda: ratio(None))
+        try:
+            sglang_rest = handle(kvc, rest)
+        except RuntimeError:
+            with pytest.raises(kv_budget.NotEnoughMemory):
+                _our_mamba(rest, slot, dp, size, running, radix_off, draft)
+            continue
+        ours = _our_mamba(rest, slot, dp, size, running, radix_off, draft)
+        assert ours.slots_per_dp == schedule.max_mamba_cache_size
+        assert rest - ours.bytes / kv_budget.GIB == pytest.approx(sglang_rest, abs=1e-9)
+        checked += 1
+    assert checked > 100
+
+
+def _our_mamba(rest, slot, dp, size, running, radix_off, draft):
+    slots_per_request = 1 if radix_off else 5   # _calculate_mamba_ratio, as the lifted code sees it
+    return kv_budget.mamba_pool(rest, slot_bytes=slot, attn_dp_size=dp, slots_per_request=slots_per_request,
+                                max_mamba_cache_size=size,
+                                max_running_requests=running, disable_radix_cache=radix_off, full_memory_ratio=0.9,
+                                draft_tokens=draft)

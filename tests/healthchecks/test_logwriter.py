@@ -1,0 +1,46 @@
+"""`dsaops log-writer`: the image's own rotation, as a real process fed through a pipe."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from tests.support.polling import wait_for
+
+
+def writer(path, *args):
+    return subprocess.Popen([sys.executable, "-m", "dsaops", "log-writer", str(path), *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_rotates_between_lines_keeps_the_newest_and_echoes_everything(tmp_path):
+    log = tmp_path / "sglang.log"
+    proc = writer(log, "--max-bytes", "4096", "--keep", "3")
+    lines = [f"line {i:05d} " + "x" * 80 + "\n" for i in range(400)]  # ~36 KB: 9 rotations
+    out, _ = proc.communicate("".join(lines).encode(), timeout=30)
+    assert proc.returncode == 0 and out.decode() == "".join(lines)  # docker logs sees it all
+    files = [log.with_name(f"sglang.log.{i}") for i in (3, 2, 1)] + [log]
+    assert not log.with_name("sglang.log.4").exists()
+    kept = "".join(f.read_text() for f in files)
+    assert "".join(lines).endswith(kept)  # the newest lines, in order, none cut
+    assert all(f.stat().st_size <= 4096 for f in files)
+    assert all(f.read_text().endswith("\n") for f in files)
+
+
+def test_sigterm_does_not_end_it_before_its_input(tmp_path):
+    log = tmp_path / "sglang.log"
+    proc = writer(log)
+    proc.stdin.write(b"first\n")
+    proc.stdin.flush()
+    assert wait_for(lambda: log.exists() and log.read_text() == "first\n", 10)  # running, signals set
+    proc.send_signal(signal.SIGTERM)  # docker stop reaches every process at the end; the last lines must land
+    proc.stdin.write(b"SIGTERM received. last words\n")
+    proc.stdin.close()
+    assert proc.wait(10) == 0
+    assert log.read_text() == "first\nSIGTERM received. last words\n"
+
+
+def test_bad_settings_are_one_line_errors(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dsaops", "log-writer", str(tmp_path / "x"), "--keep", "0"],
+                       capture_output=True, text=True, timeout=30, input="", check=False)
+    assert r.returncode == 2 and "DSAOPS_LOG_KEEP" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,160 @@
+"""Deaths counted exactly once across restarts of the exporter: the state file on the node, with
+real processes titled like SGLang's schedulers under the stand-in launcher, and its log."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+from dsaops.healthchecks.exporter import Config, Exporter
+
+from tests.support.polling import wait_for
+
+TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
+
+
+@pytest.fixture
+def node(tmp_path, fake_server):
+    """An exporter maker over one node's log and state file; each `start()` is a new exporter
+    process's worth of state (fresh objects), the previous one stopped first."""
+    running = []
+
+    def start():
+        for exp in running:
+            exp.stop()
+        running.clear()
+        exp = Exporter(Config(server_url=fake_server.url, node="n", log_file=str(tmp_path / "sglang.log"),
+                              interval=1.0, process_interval=0.2, stop_window=2.0, kmsg=None,
+                              state_file=str(tmp_path / "state" / "exporter.json")))
+        exp.watcher.scan_interval, exp.watcher.grace = 0.5, 1.0
+        exp.follower.interval = 0.05
+        running.append(exp.start())
+        return exp
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "sglang.log").write_text("")
+    yield {"start": start, "log": tmp_path / "sglang.log", "state": tmp_path / "state" / "exporter.json"}
+    for exp in running:
+        exp.stop()
+
+
+def deaths(exp):
+    return {k: v for k, v in exp.watcher.snapshot()[1].items() if v}
+
+
+def up(exp):
+    return exp.watcher.snapshot()[0]
+
+
+def all_up(exp, lch):
+    return wait_for(lambda: set(lch.pids) <= set(exp.watcher.live) and sum(up(exp).values()) == len(lch.pids), 10)
+
+
+def test_a_death_outlives_restarts_of_the_exporter(node, launcher):
+    lch = launcher(TITLES, "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    os.kill(lch.pids[1], signal.SIGKILL)  # a worker node: no watchdog line, the server runs on
+    # the cause: sigkill when a poll saw the zombie before its launcher reaped it, else unknown
+    assert wait_for(lambda: set(deaths(exp)) in ({("TP1", "unknown")}, {("TP1", "sigkill")}), 8), deaths(exp)
+    first = deaths(exp)
+    assert sum(first.values()) == 1
+    for _ in range(2):  # restarted twice: still one death, and TP1 still down while its server runs
+        exp = node["start"]()
+        assert wait_for(lambda e=exp: {r for r, v in up(e).items() if v} == {"TP0", "TP2", "TP3"}, 10), up(exp)
+        wait_for(lambda: False, 3)  # longer than the stop window: nothing more is counted
+        assert deaths(exp) == first
+        assert up(exp) == {"TP0": 1, "TP1": 0, "TP2": 1, "TP3": 1}
+    assert "TP0" in json.loads(node["state"].read_text())["log"]["kv"]  # the startup lines, not re-read
+
+
+def test_negative_control_without_the_state_file_a_restart_forgets(node, launcher):
+    lch = launcher(TITLES[:2], "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    os.kill(lch.pids[1], signal.SIGKILL)
+    assert wait_for(lambda: sum(deaths(exp).values()) == 1, 8)
+    exp.stop()
+    node["state"].unlink()
+    exp = node["start"]()
+    assert wait_for(lambda: up(exp) == {"TP0": 1}, 8) and deaths(exp) == {}
+
+
+def test_a_rank_killed_while_the_exporter_is_down_is_counted_once_with_its_cause(node, launcher):
+    lch = launcher(TITLES, "--join-in-order", "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    exp.stop()
+    os.kill(lch.pids[2], signal.SIGKILL)  # joined after TP0 and TP1: a zombie that says SIGKILL
+    exp = node["start"]()
+    assert wait_for(lambda: deaths(exp) == {("TP2", "sigkill"): 1}, 8), deaths(exp)
+    assert up(exp)["TP2"] == 0
+    exp = node["start"]()
+    wait_for(lambda: False, 3)
+    assert deaths(exp) == {("TP2", "sigkill"): 1} and up(exp)["TP2"] == 0
+
+
+def test_a_server_that_died_and_restarted_while_the_exporter_was_down(node, launcher):
+    """The head node's watchdog logs the crash and ends the server; a new server starts; then the
+    exporter comes back: the log read on from its saved position says who died and why."""
+    lch = launcher(TITLES, "--watchdog", "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    exp.stop()
+    victim = lch.pids[3]
+    os.kill(victim, signal.SIGKILL)
+    assert lch.proc.wait(10) == 1
+    assert f"(pid={victim}) crashed with exit code -9" in node["log"].read_text()
+    again = launcher(TITLES, "--watchdog", "--log", str(node["log"]))
+    exp = node["start"]()
+    assert wait_for(lambda: deaths(exp) == {("TP3", "sigkill"): 1}, 8), deaths(exp)
+    assert all_up(exp, again)  # the restarted server's ranks are up, TP3 too
+    assert exp.follower.events["resumed"] == 1
+
+
+def test_a_clean_stop_while_the_exporter_is_down_is_no_death(node, launcher):
+    lch = launcher(TITLES, "--sigterm-line", "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    exp.stop()
+    lch.stop()
+    exp = node["start"]()
+    assert wait_for(lambda: up(exp) == {}, 8), up(exp)
+    assert deaths(exp) == {}
+
+
+def test_the_state_file_is_replaced_whole_and_a_bad_one_is_set_aside(node, launcher):
+    lch = launcher(TITLES[:2], "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    exp.keeper.save()
+    saved = json.loads(node["state"].read_text())
+    assert saved["version"] == 1 and {r["rank"] for r in saved["processes"]["ranks"]} == {"TP0", "TP1"}
+    assert not list(node["state"].parent.glob("*.tmp"))  # written aside, then renamed over
+    exp.stop()
+    node["state"].write_text('{"version": 1, "processes": {"up": [')  # cut short
+    exp = node["start"]()
+    assert exp.errors.counts()["state"] == 1
+    assert (node["state"].parent / "exporter.json.bad").exists()
+    assert all_up(exp, lch)  # and it serves afresh
+    exp.keeper.save()
+    assert json.loads(node["state"].read_text())["version"] == 1
+
+
+def test_a_state_write_that_fails_is_counted_and_retried(node, launcher, tmp_path):
+    lch = launcher(TITLES[:1], "--log", str(node["log"]))
+    exp = node["start"]()
+    assert all_up(exp, lch)
+    folder = node["state"].parent
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False).returncode:
+        pytest.skip("chattr +i is not available here (needs root and an ext4/xfs-like filesystem)")
+    try:
+        exp.log.events["sigquit"] += 1  # a change to write
+        exp.keeper.save()
+        assert exp.errors.counts()["state"] >= 1
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    exp.keeper.save()
+    assert json.loads(node["state"].read_text())["log"]["events"]["sigquit"] == 1

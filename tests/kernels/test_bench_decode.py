@@ -1,0 +1,167 @@
+"""benchmarks/h200_decode.py's report machinery on the CPU: a --dry-run (CPU references stand in for
+the kernels, timings FAKE) writes every section's JSON with its run, the sweep PNG and the table with
+benchmarks/report.py's verdicts; benchmarks/report.py renders that JSON, every key under the name the
+benchmark writes, marked fake; it never writes the committed results; bad input and a missing GPU
+exit 2. The benchmark's numbers are measured on the H200, never here."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import report
+
+pytest.importorskip("torch")
+
+_path = Path(__file__).parents[2] / "benchmarks" / "h200_decode.py"
+_spec = importlib.util.spec_from_file_location("h200_decode", _path)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+CASE_KEYS = {"H", "S", "topk", "dsaops_fp8_us", "sglang_fp8_us", "sglang_bf16_us", "roofline_us", "eager_host_us",
+             "eager_host_us_median", "rel_err",  # the keys the results had before FlashMLA and accuracy joined
+             "flashmla_us", "err_vs_bf16", "raw_kv_floor", "flashmla_err_vs_bf16", "same_input_us", "roofline_pct",
+             "speedup_vs_flashmla", "speedup_vs_sglang_bf16", "speedup_vs_sglang_fp8"}
+
+
+@pytest.fixture
+def small(monkeypatch):
+    monkeypatch.setitem(bench.DRY, "heads", (16,))
+    monkeypatch.setitem(bench.DRY, "sweep", {64: (1, 2), 16: (1,)})
+
+
+def test_dry_run_writes_every_section_with_fake_timings_marked(tmp_path, capsys, small):
+    out = tmp_path / "r.json"
+    assert bench.main(["--dry-run", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["dry_run"] is True and r["fake_timings"] is True and "dry run" in r["gpu"]
+    assert r["sections"] == ["cases", "accuracy", "short", "sweep", "proxy", "kvcopy"]
+    assert [(c["H"], c["S"]) for c in r["cases"]] == [(16, 1), (16, 2)]
+    for c in r["cases"]:
+        assert CASE_KEYS <= set(c), CASE_KEYS - set(c)
+        assert c["speedup_vs_flashmla"] == round(c["flashmla_us"] / c["dsaops_fp8_us"], 2)
+        assert c["rotation_sets"] >= 2 and 0 < c["rel_err"] < c["err_vs_bf16"]
+    assert [a["data"] for a in r["accuracy"]] == ["normal", "outliers", "peaked"]
+    for a in r["accuracy"]:
+        assert {"data", "H", "S", "err_vs_bf16", "raw_kv_floor", "flashmla_err_vs_bf16", "q_rounded_err"} <= set(a)
+        assert a["q_rounded_err"] > a["raw_kv_floor"] and a["kernel_q_rounded_err"] > a["err_vs_bf16"]
+    short = r["short_context"]
+    assert [(s["S"], s["valid"]) for s in short] == [(2, 2048), (2, 1024), (2, 300)]
+    assert all(s["full_us"] == short[0]["dsaops_us"] and s["H"] == 64 for s in short)
+    assert all(s["topk_length_us"] is not None for s in short)
+    assert [(s["H"], s["S"]) for s in r["sweep"]] == [(64, 1), (64, 2), (16, 1)]
+    assert all({"dsaops_us", "roofline_pct"} <= set(s) for s in r["sweep"])
+    for p in r["proxy"]:
+        assert "not a GB10 figure" in p["label"]
+        assert p["gb10_floor_us"] == round(p["S"] * 2048 * 512 / 273e9 * 1e6, 2)
+        assert p["sglang_fp8_us"] == next(c["sglang_fp8_us"] for c in r["cases"] if (c["H"], c["S"]) == (p["H"], p["S"]))
+    assert r["kv_copy"] == []
+    assert "targets" not in r and not any("within_1_1x_floor" in a for a in r["accuracy"])  # report.py judges
+    assert r["date"] and r["commit"] and "cores" in r["machine"]
+    assert r["command"] == f"python3 benchmarks/h200_decode.py --dry-run --out {out}"
+    assert set(r["elapsed_s"]) == {"setup", *r["sections"]}
+    png = tmp_path / "r-sweep.png"
+    assert report.sweep_plot(out) == png and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out.splitlines()
+    table = max(i for i, line in enumerate(printed) if line.startswith("dry run (CPU stand-ins)"))
+    assert "DRY RUN: FAKE TIMINGS" in printed[table]
+    assert len(printed) - table == 2 + len(r["cases"]) + len(report.DECODE_TARGETS)  # the table and targets last
+    for line, target in zip(printed[-len(report.DECODE_TARGETS):], report.DECODE_TARGETS, strict=True):
+        met, measured = target.verdict(r)                                 # the verdicts BENCHMARKS.md gives
+        word = {True: "met", False: "MISSED", None: "not measured"}[met]
+        assert line.lstrip().startswith(word + " ") and f" {target.name}: {measured} (limit " in line, line
+    assert any(t.verdict(r)[0] is not None for t in report.DECODE_TARGETS)
+
+
+def test_report_renders_a_dry_run_under_the_names_the_benchmark_writes(tmp_path, small):
+    out, page = tmp_path / "r.json", tmp_path / "r.md"
+    assert bench.main(["--dry-run", "--out", str(out)]) == 0
+    done = subprocess.run([sys.executable, str(Path(report.__file__)), "--decode", str(out), "--out", str(page)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    r, text, pct = json.loads(out.read_text()), page.read_text(), report.pct
+    assert "**DRY RUN: FAKE TIMINGS.**" in text and f"![µs and % of roofline against S]({tmp_path}/r-sweep.png)" in text
+    for c in r["cases"]:
+        assert (f"| {c['H']} | {c['S']} | {c['dsaops_fp8_us']} | {c['same_input_us']} | {c['flashmla_us']} | "
+                f"{c['sglang_fp8_us']} | {c['sglang_bf16_us']} | {c['roofline_us']} |") in text
+        assert (f"| {c['H']} | {c['S']} | {pct(c['rel_err'])} | {pct(c['err_vs_bf16'])} | {pct(c['raw_kv_floor'])} | "
+                f"{pct(c['flashmla_err_vs_bf16'])} |") in text
+    for a in r["accuracy"]:
+        assert (f"| {a['data']} | {a['H']} | {a['S']} | {pct(a['err_vs_bf16'])} | {pct(a['raw_kv_floor'])} | "
+                f"{a['err_vs_bf16'] / a['raw_kv_floor']:.2f}× | {pct(a['flashmla_err_vs_bf16'])} | "
+                f"{pct(a['q_rounded_err'])} | {pct(a['flashmla_format_floor'])} | {pct(a['q_halves_err'])} | "
+                f"{pct(a['kernel_q_rounded_err'])} | {pct(a['rel_err'])} |") in text
+    for s in r["short_context"]:
+        assert (f"| {s['H']} | {s['S']} | {s['valid']} | {s['dsaops_us']} | {s['full_us']} | "
+                f"{100 * s['dsaops_us'] / s['full_us']:.0f}% | {s['topk_length_us']} | "
+                f"{100 * s['topk_length_us'] / s['full_us']:.0f}% | {pct(s['rel_err'])} | "
+                f"{pct(s['topk_length_rel_err'])} |") in text
+    for p in r["sweep"]:
+        assert f"| {p['H']} | {p['S']} | {p['dsaops_us']} | {p['roofline_us']} | {p['roofline_pct']:.0f}% |" in text
+    assert r["proxy"][0]["label"] in text
+    for p in r["proxy"]:
+        assert (f"| {p['H']} | {p['S']} | {p['proxy_us']} | {p['sglang_fp8_us']} | "
+                f"{p['sglang_fp8_us'] / p['proxy_us']:.2f}× | {p['gb10_floor_us']} | {pct(p['rel_err'])} | "
+                f"{pct(p['err_vs_bf16'])} |") in text
+
+
+def test_a_dry_run_never_writes_the_committed_results(capsys):
+    before, plotted = Path(bench.RESULTS).read_bytes(), report.sweep_plot(bench.RESULTS).exists()
+    assert bench.main(["--dry-run", "--out", bench.RESULTS]) == 2
+    assert "never go to" in capsys.readouterr().err
+    assert Path(bench.RESULTS).read_bytes() == before and report.sweep_plot(bench.RESULTS).exists() == plotted
+
+
+def test_the_committed_results_are_measured_ones():
+    r = json.loads(Path(bench.RESULTS).read_text())
+    assert "dry_run" not in r and "fake_timings" not in r and "H200" in r["gpu"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sections", "cases", "nosuch"], "unknown section(s) nosuch"),
+    (["--dry-run", "--workers", "0"], "--workers must be >= 1"),
+    (["--sections", "cases", "--out", "/proc/x/r.json"], "cannot write"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_without_a_gpu_a_real_run_stops_before_any_work(capsys, tmp_path):
+    assert bench.main(["--sections", "cases", "--out", str(tmp_path / "r.json")]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err and not (tmp_path / "r.json").exists()
+
+
+def test_make_puts_the_bundles_flashmla_on_the_gpu_path(tmp_path):
+    """make test-gpu / make bench unpack the offline bundle (TileLang and FlashMLA as one site folder)
+    once, again only when its BUNDLE manifest changes, and put the site on PYTHONPATH; with no bundle,
+    nothing is unpacked and the benchmark's preflight says what is missing."""
+    import subprocess
+    import sys
+    import tarfile
+
+    repo = Path(__file__).parents[2]
+    bundle, site = tmp_path / "bundle", tmp_path / "site"
+    make = ["make", "-s", "-C", str(repo), "gpu-site", f"BUNDLE_DIR={bundle}", f"TILELANG_SITE={site}",
+            f"GPU_PYTHON={sys.executable}"]
+    subprocess.run(make, check=True)
+    assert not site.exists()
+    stage = tmp_path / "stage" / "site"
+    (stage / "flash_mla").mkdir(parents=True)
+    (stage / "flash_mla" / "__init__.py").write_text("")
+    (stage / "BUNDLE").write_text("sgl-flash-mla 1.0.0\n")
+    bundle.mkdir()
+    (bundle / "BUNDLE").write_text("sgl-flash-mla 1.0.0\n")
+    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
+        tar.add(stage, arcname="site")
+    subprocess.run(make, check=True)
+    assert (site / "flash_mla" / "__init__.py").is_file()
+    (site / "flash_mla" / "__init__.py").write_text("# kept\n")
+    subprocess.run(make, check=True)  # same manifest: left alone
+    assert (site / "flash_mla" / "__init__.py").read_text() == "# kept\n"
+    dry = subprocess.run(["make", "-n", "-C", str(repo), "bench", f"TILELANG_SITE={site}"], capture_output=True,
+                         text=True, check=True).stdout
+    assert f":{site}" in next(line for line in dry.splitlines() if "h200_decode.py" in line)

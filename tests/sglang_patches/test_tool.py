@@ -1,0 +1,160 @@
+"""`dsaops patches` against the real pinned sglang==0.5.23 wheel: apply, idempotence, revert, refusals."""
+import hashlib
+import json
+import shutil
+
+import pytest
+from dsaops.sglang_patches import apply as tree
+from dsaops.sglang_patches.series import load
+
+from dsaops import cli, pins
+from tests.support.sglang_wheel import pristine_copy
+
+OVERRIDES = "sglang/srt/arg_groups/overrides.py"
+
+
+def tree_hash(root):
+    """sha256 of every file under root, by relative path: any change anywhere shows."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def patches(*argv, root=None):
+    args = ["patches", *argv] + (["--sglang-root", str(root)] if root is not None else [])
+    return cli.main(args)
+
+
+@pytest.fixture
+def root(sparse_root):
+    return sparse_root
+
+
+def test_apply_is_clean_idempotent_and_reverts_byte_for_byte(tmp_path, series, capsys):
+    """On a full copy of the wheel: only the series' targets and the marker change, and revert restores all."""
+    root = pristine_copy(tmp_path)
+    before = tree_hash(root)
+    assert patches("status", root=root) == 0
+    assert capsys.readouterr().out.startswith("pristine")
+    assert patches("check", root=root) == 0
+    capsys.readouterr()
+
+    assert patches("apply", root=root) == 0
+    assert f"applied {len(series.patches)} patches" in capsys.readouterr().out
+    applied = tree_hash(root)
+    changed = {p for p in applied if before.get(p) != applied[p]}
+    assert changed == set(series.targets) | {tree.MARKER}
+    marker = json.loads((root / tree.MARKER).read_text())
+    assert marker["series_sha256"] == series.sha256
+    assert {rel: h["pristine_sha256"] for rel, h in marker["files"].items()} == {t: before[t] for t in series.targets}
+
+    assert patches("status", root=root) == 0
+    assert capsys.readouterr().out == f"applied: series sha256 {series.sha256}\n"
+    assert patches("apply", root=root) == 0
+    assert "already applied" in capsys.readouterr().out
+    assert tree_hash(root) == applied
+    assert patches("check", root=root) == 0
+
+    assert patches("revert", root=root) == 0
+    assert tree_hash(root) == before
+    assert patches("revert", root=root) == 0
+    assert "nothing to revert" in capsys.readouterr().out
+    assert tree_hash(root) == before
+
+
+@pytest.mark.parametrize("where", ["metadata", "version_py"])
+def test_wrong_version_exits_2_and_changes_nothing(root, where, capsys):
+    if where == "metadata":
+        meta = next(root.glob("sglang-*.dist-info/METADATA"))
+        meta.write_text(meta.read_text().replace(f"Version: {pins.SGLANG}", "Version: 0.5.24", 1))
+    else:
+        version_py = root / "sglang/_version.py"
+        version_py.write_text(version_py.read_text().replace(f"'{pins.SGLANG}'", "'0.5.24'"))
+    before = tree_hash(root)
+    for action in ("check", "apply", "status"):
+        assert patches(action, root=root) == 2
+        err = capsys.readouterr().err
+        assert f"sglang=={pins.SGLANG}" in err and "0.5.24" in err
+    assert tree_hash(root) == before
+
+
+def test_altered_target_file_names_patch_file_and_hunk(root, capsys):
+    target = root / OVERRIDES
+    target.write_text(target.read_text().replace(
+        'raise ValueError("CUDA TileLang FP8 KV requires SM89 or newer.")',
+        'raise ValueError("CUDA TileLang FP8 KV needs SM89 or newer.")'))
+    before = tree_hash(root)
+    assert patches("apply", root=root) == 2
+    err = capsys.readouterr().err
+    assert f"0002-warn-cuda-tilelang-raw-fp8-kv.patch: {OVERRIDES}: hunk #1 (@@ -581,6 +581,14 @@)" in err
+    assert "no fuzz, no offset" in err
+    assert patches("check", root=root) == 2
+    assert patches("status", root=root) == 1
+    assert capsys.readouterr().out.startswith("foreign: no marker")
+    assert tree_hash(root) == before
+
+
+def test_a_shifted_file_is_refused_not_offset(root, capsys):
+    """GNU patch would apply at an offset; the exact applier must not."""
+    target = root / OVERRIDES
+    target.write_text("# one extra line\n" + target.read_text())
+    before = tree_hash(root)
+    assert patches("apply", root=root) == 2
+    assert f"{OVERRIDES}: hunk #1" in capsys.readouterr().err
+    assert tree_hash(root) == before
+
+
+def test_a_broken_patch_names_its_file_and_hunk(root, tmp_path, capsys):
+    """A patch whose context is not SGLang's fails in the later of two patches: nothing is written."""
+    series_dir = tmp_path / "series"
+    shutil.copytree(load().path.parent, series_dir, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    broken = series_dir / "0004-q8-prefill-over-raw-fp8-nope-pool.patch"
+    text = broken.read_text()
+    context = "     decode_impl: str,\n     kv_cache_dtype: torch.dtype,\n"
+    assert text.count(context) == 1
+    broken.write_text(text.replace(context, "     decode_impl: str,\n     kv_cache_dtype: torch.Tensor,\n"))
+    before = tree_hash(root)
+    assert patches("apply", "--series", str(series_dir / "series"), root=root) == 2
+    err = capsys.readouterr().err
+    assert "0004-q8-prefill-over-raw-fp8-nope-pool.patch: sglang/srt/layers/attention/dsa_backend.py: hunk #2" in err
+    assert tree_hash(root) == before
+
+
+def test_status_reports_foreign_changes_and_refuses_to_revert_them(root, series, capsys):
+    assert patches("apply", root=root) == 0
+    target = root / OVERRIDES
+    target.write_text(target.read_text() + "# local edit\n")
+    assert patches("status", root=root) == 1
+    assert capsys.readouterr().out.endswith(f"foreign: files changed since the series was applied: {OVERRIDES}\n")
+    before = tree_hash(root)
+    assert patches("revert", root=root) == 2
+    assert patches("apply", root=root) == 2
+    assert tree_hash(root) == before
+
+
+def test_a_marker_from_another_series_is_foreign(root, series, capsys):
+    assert patches("apply", root=root) == 0
+    marker = root / tree.MARKER
+    marker.write_text(marker.read_text().replace(series.sha256, "0" * 64))
+    assert patches("status", root=root) == 1
+    assert "from another series" in capsys.readouterr().out
+    before = tree_hash(root)
+    assert patches("revert", root=root) == 2
+    assert tree_hash(root) == before
+
+
+def test_list_names_every_patch(capsys):
+    assert patches("list") == 0
+    out = capsys.readouterr().out
+    for name in load().path.read_text().split():
+        assert name in out
+
+
+def test_no_sglang_importable_is_a_user_error(monkeypatch, capsys):
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert patches("status") == 2
+    assert "sglang is not importable here; pass --sglang-root" in capsys.readouterr().err
+
+
+def test_a_root_without_sglang_is_refused(tmp_path, capsys):
+    assert patches("apply", root=tmp_path) == 2
+    assert "holds no sglang/ package" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""Helpers several test folders share (import them as tests.support.<module>)."""
