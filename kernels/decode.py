@@ -73,7 +73,9 @@ def compile_kernel(target, tile, d_tail: int | None, d_v: int = tiles.D_V, row_s
                             pass_configs=configs)
 
 
-def _warm(job) -> None:
+def compile_job(job) -> None:
+    """compile_kernel for a (kernel_target name, tile, d_tail, row_scaled) job: picklable, for
+    worker processes that fill TileLang's cache (warm_cache, the benchmark's compile section)."""
     target_name, tile, d_tail, row_scaled = job
     compile_kernel(kernel_target(target_name), tile, d_tail, row_scaled=row_scaled)
 
@@ -86,7 +88,7 @@ def warm_cache(jobs, workers: int | None = None) -> None:
 
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     with ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_warm, jobs))
+        list(pool.map(compile_job, jobs))
 
 
 _kernel = functools.cache(compile_kernel)  # (target, tile, d_tail) -> kernel, once per process
