@@ -70,6 +70,7 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: `benchmarks`
 from benchmarks.report import DECODE_TARGETS, sweep_plot
 from benchmarks.run_info import gpu_machine, run_info
+from dsaops.errors import UserError
 
 HEADS = (16, 32, 64, 128)
 BATCHES = (1, 16, 64, 256)
@@ -90,6 +91,7 @@ GB10_BYTES_S = 273e9  # GB10's LPDDR5X
 ROW_BYTES = D_V + 4   # a top-k row read: its fp8 values and its int32 id
 SECTIONS = ("compile", "cases", "accuracy", "short", "sweep", "proxy", "kvcopy")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-decode.json")
+PROXY_TARGET = "sm_121@sm_90a"  # decode.kernel_target: GB10's tiles on a Hopper
 PROXY_LABEL = "sm_121 tiles built for sm_90a without wgmma, timed on the H200: a proxy, not a GB10 figure"
 METHOD = {
     "timing": "GPU us a call, median of CUDA-graph replays; *_us of every kernel rotated: input sets cycled so that "
@@ -109,20 +111,23 @@ DRY = {"heads": (16, 64), "batches": (1, 2), "slots": 4096, "rotate_bytes": 1 <<
        "accuracy_batch": 2, "short_batches": (2,), "sweep": {64: (1, 2, 4), 16: (1, 2)}}
 
 
-class UserError(Exception):
-    """Bad input or a missing prerequisite: one line that says what to change, exit 2."""
-
-
-class ProxyMissing(Exception):
-    pass
-
-
 def sm121_proxy():
     """The sm_121 proxy build: sm_121's decode tiles compiled for sm_90a without wgmma, run on the
     H200. Returns (jobs, decode): `jobs` are (function, argument) pairs the compile section runs in
-    worker processes to put the proxy's kernels into the TileLang cache, and decode(q, kv, indices,
-    sm_scale) returns the proxy's output [S, H, 512] bf16. The kernels' API for it is wired here."""
-    raise ProxyMissing("this checkout's kernels have no sm_121 proxy build to wire here")
+    worker processes to put the proxy's kernels into the TileLang cache (d_tail 0, the benchmark's
+    geometry, and the merges), and decode(q, kv, indices, sm_scale) returns the proxy's output
+    [S, H, 512] bf16."""
+    from dsaops.kernels import decode, tiles
+
+    target = decode.kernel_target(PROXY_TARGET)
+    kernels = sorted({tile for _, dt, tile in tiles.configurations(target) if dt == 0}, key=str)
+    jobs = [(decode.compile_job, (PROXY_TARGET, tile, 0, False)) for tile in kernels]
+    jobs += [(decode.compile_job, (PROXY_TARGET, c, None, False)) for c in tiles.COMBINES]
+
+    def run(q, kv, indices, sm_scale):
+        return decode.decode_with_tile(q, kv, indices, sm_scale, D_V, False, target=PROXY_TARGET)
+
+    return jobs, run
 
 
 # ---- compile: worker jobs (module level, so spawned processes can run them)
@@ -190,13 +195,11 @@ def run_jobs(jobs, workers):
 
 
 def parse_tile(spec):
-    """A `--tiles` entry, heads:rows:stages:threads[:ws|:vr], as a Tile (ws: warp-specialised; vr: V in
-    registers)."""
+    """A `--tiles` entry, heads:rows:stages:threads[:vr], as a Tile (vr: V in registers)."""
     from dsaops.kernels.tiles import Tile
 
     hb, rows, stages, threads, *kind = spec.split(":")
-    return Tile(int(hb), int(rows), int(stages), int(threads), warp_specialized=kind == ["ws"],
-                v_in_registers=kind == ["vr"])
+    return Tile(int(hb), int(rows), int(stages), int(threads), v_in_registers=kind == ["vr"])
 
 
 # ---- what a section runs on: the GPU, or CPU stand-ins with fake timings (--dry-run)
@@ -697,13 +700,8 @@ def preflight(args):
         try:
             import flash_mla  # noqa: F401 - loads its CUDA libraries: a wheel that cannot load fails here
         except (ImportError, OSError) as e:
-            raise UserError(f"FlashMLA does not load ({type(e).__name__}: {e}): make bench unzips .devbundle/peers/"
-                            "sgl_flash_mla-*.whl onto PYTHONPATH; or pass --no-flashmla") from None
-    if "proxy" in need:
-        try:
-            sm121_proxy()
-        except ProxyMissing as e:
-            raise UserError(f"{e}: --skip proxy, or wire sm121_proxy() in {os.path.basename(__file__)}") from None
+            raise UserError(f"FlashMLA does not load ({type(e).__name__}: {e}): the offline bundle (make gpu-bundle) "
+                            "carries sgl-flash-mla; or pass --no-flashmla") from None
 
 
 def write(result, path):
@@ -734,10 +732,7 @@ def measure(args) -> dict:
             run.sgl = peers.load_sglang(args.sglang_root)
         if not args.no_flashmla:
             run.flashmla_cls = peers.FlashMLADecode
-        try:
-            proxy_jobs, run.proxy = sm121_proxy()
-        except ProxyMissing as e:  # preflight stops a run whose sections need it
-            print(f"no sm_121 proxy: {e}", flush=True)
+        proxy_jobs, run.proxy = sm121_proxy()
     else:
         run.sgl, run.proxy = _SglangStandIn, _proxy_standin
         run.flashmla_cls = None if args.no_flashmla else _FlashMLAStandIn

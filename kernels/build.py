@@ -66,12 +66,10 @@ def _build(job) -> tuple:
     target_name, tile, d_tail, cache_dir, with_ptxas, row_scaled = job
     if cache_dir:
         os.environ["TILELANG_CACHE_DIR"] = cache_dir
-    from dsaops.kernels.decode import compile_kernel
+    from dsaops.kernels.decode import compile_kernel, kernel_target
     from dsaops.kernels.tiles import Combine
 
-    from dsaops import targets
-
-    target = targets.get(target_name)
+    target = kernel_target(target_name)
     try:
         kernel = compile_kernel(target, tile, d_tail, row_scaled=row_scaled)
     except Exception as e:  # noqa: BLE001 - TVM errors do not pickle back to the parent process
@@ -94,10 +92,9 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
     carries ptxas's report (one more nvcc run a kernel); with `row_scaled`, the decode kernels are
     the row-scaled layout's."""
     from dsaops.kernels import tiles
+    from dsaops.kernels.decode import kernel_target
 
-    from dsaops import targets
-
-    target = targets.get(target_name)
+    target = kernel_target(target_name)  # a table target, or TARGET@ARCH (sm_121@sm_90a: the proxy)
     if target.vendor != "nvidia":
         raise ValueError(f"{target_name}: kernels are compiled for NVIDIA targets only "
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
