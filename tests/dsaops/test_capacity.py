@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from dsaops.healthchecks import server_info
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.server_info import ServerInfoCollector
@@ -55,7 +56,7 @@ class _Poller:
     up = True
 
     def __init__(self, payload):
-        self.info, self.errors = payload, ErrorCounts()
+        self.info, self.errors = server_info.parse(payload)[0], ErrorCounts()
 
 
 def exposition(payload: dict, log: LogState | None = None) -> str:
