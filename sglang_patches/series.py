@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsaops.sglang_patches.unidiff import Patch, PatchError, parse
+from dsaops.sglang_patches.unidiff import Patch, PatchError, parse, utf8
 
 DEFAULT_SERIES = Path(__file__).with_name("series")
 
@@ -32,7 +32,7 @@ def load(series_file: Path = DEFAULT_SERIES) -> Series:
         raise PatchError(str(series_file), "series file not found")
     digest = hashlib.sha256()
     patches = []
-    for line in series_file.read_text().splitlines():
+    for line in utf8(str(series_file), series_file.read_bytes()).splitlines():
         name = line.split("#", 1)[0].strip()
         if not name:
             continue
@@ -41,7 +41,7 @@ def load(series_file: Path = DEFAULT_SERIES) -> Series:
             raise PatchError(name, f"listed in {series_file} but missing")
         data = patch_file.read_bytes()
         digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-        patches.append(parse(name, data.decode()))
+        patches.append(parse(name, utf8(name, data)))
     if not patches:
         raise PatchError(str(series_file), "the series lists no patch")
     return Series(series_file, patches, digest.hexdigest())

@@ -35,6 +35,14 @@ class PatchError(Exception):
         super().__init__(f"{where}: {reason}")
 
 
+def utf8(patch: str, data: bytes, target: str | None = None) -> str:
+    """A patch or target file's text; a PatchError saying where, if it is not UTF-8."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise PatchError(patch, f"not UTF-8 text ({e.reason} at byte {e.start})", target=target) from None
+
+
 @dataclass
 class Hunk:
     header: str
