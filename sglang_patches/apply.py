@@ -2,10 +2,13 @@
 
 `root` is the folder that holds the `sglang/` package (site-packages, or an unpacked
 wheel). Every patched file is computed in memory first; files are written only when
-every hunk of every patch fits. The marker `sglang/.dsaops-patches.json` records the
-series hash and, per touched file, the sha256 before and after, so `revert` can
-restore byte for byte (by applying the hunks backwards and checking the result) and
-`status` can tell pristine / applied / foreign.
+every hunk of every patch fits, and then through `atomic_files` (new files beside the
+old, fsynced, renamed into place together, undone on any error, under a lock). No file
+is read or written through a symlink that leaves the package. The marker
+`sglang/.dsaops-patches.json` records the series hash and, per touched file, the sha256
+before and after, so `revert` can restore byte for byte (by applying the hunks backwards
+and checking the result) and `status` can tell pristine / applied / foreign, and
+interrupted: no marker, each file as shipped or patched (a crash between the renames).
 """
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsaops.sglang_patches import atomic_files
 from dsaops.sglang_patches.series import Series
-from dsaops.sglang_patches.unidiff import PatchError, apply_hunks
+from dsaops.sglang_patches.unidiff import PatchError, apply_hunks, utf8
 
 from dsaops import pins
 
@@ -29,7 +33,7 @@ class TreeError(Exception):
 
 @dataclass
 class State:
-    kind: str  # pristine | applied | foreign
+    kind: str  # pristine | applied | interrupted | foreign
     detail: str
     marker: dict | None = None
 
@@ -67,114 +71,178 @@ def check_version(root: Path) -> None:
                         f"(pip install --no-deps sglang=={pins.SGLANG}) or point --sglang-root at such a tree")
 
 
-def _read(root: Path, rel: str, patch: str) -> bytes:
-    path = root / rel
+def _package(root: Path) -> Path:
+    """The real folder of the sglang/ package: every file the tool reads or writes must be inside it."""
+    return (root / "sglang").resolve()
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """The real path of root/rel; refuses a symlink (of the file or a folder) that leaves the package."""
+    real = (root / rel).resolve()
+    if not real.is_relative_to(_package(root)):
+        raise TreeError(f"{rel} resolves to {real}, outside {_package(root)}: refusing to read or write through "
+                        "a symlink that leaves the tree; replace the link with the file itself")
+    return real
+
+
+def _read(root: Path, rel: str, patch: str) -> tuple[Path, str]:
+    path = _inside(root, rel)
     if not path.is_file():
         raise PatchError(patch, "target file does not exist", target=rel)
-    return path.read_bytes()
+    return path, utf8(patch, path.read_bytes(), target=rel)
 
 
-def plan(root: Path, series: Series) -> dict[str, tuple[bytes, bytes]]:
-    """{path: (current bytes, patched bytes)} for every touched file; raises PatchError naming the hunk."""
-    before: dict[str, bytes] = {}
-    text: dict[str, str] = {}
-    for patch in series.patches:
-        for fp in patch.files:
-            if fp.path not in text:
-                before[fp.path] = _read(root, fp.path, patch.name)
-                text[fp.path] = before[fp.path].decode()
-            text[fp.path] = apply_hunks(patch.name, fp.path, text[fp.path], fp.hunks)
-    return {rel: (before[rel], text[rel].encode()) for rel in text}
+def _hunks(series: Series, rel: str) -> list:
+    """[(patch name, hunks)] for one file, in series order."""
+    return [(patch.name, fp.hunks) for patch in series.patches for fp in patch.files if fp.path == rel]
 
 
-def _unplan(root: Path, series: Series) -> dict[str, str]:
-    """{path: text} with the series' hunks applied backwards to the current files."""
-    text = {rel: _read(root, rel, "revert").decode() for rel in series.targets}
-    for patch in reversed(series.patches):
-        for fp in reversed(patch.files):
-            text[fp.path] = apply_hunks(patch.name, fp.path, text[fp.path], [h.reversed() for h in fp.hunks])
+def _forward(series: Series, rel: str, text: str) -> str:
+    for name, hunks in _hunks(series, rel):
+        text = apply_hunks(name, rel, text, hunks)
     return text
 
 
+def _backward(series: Series, rel: str, text: str) -> str:
+    for name, hunks in reversed(_hunks(series, rel)):
+        text = apply_hunks(name, rel, text, [h.reversed() for h in hunks])
+    return text
+
+
+@dataclass(frozen=True)
+class File:
+    """One file the series touches: where it is, and its bytes now, as shipped and patched."""
+
+    rel: str
+    path: Path  # real path (symlinks inside the package resolved)
+    current: bytes
+    pristine: bytes
+    patched: bytes
+
+    @property
+    def is_patched(self) -> bool:
+        return self.current == self.patched
+
+
+def files(root: Path, series: Series) -> list[File]:
+    """Every target, each either as shipped (the series applies forwards) or patched (it applies backwards;
+    the test suite checks that no target of the series is both). Raises the forward PatchError otherwise."""
+    out = []
+    for rel in series.targets:
+        path, text = _read(root, rel, _hunks(series, rel)[0][0])
+        try:
+            out.append(File(rel, path, text.encode(), text.encode(), _forward(series, rel, text).encode()))
+        except PatchError as forward:
+            try:
+                pristine = _backward(series, rel, text)
+            except PatchError:
+                raise forward from None
+            out.append(File(rel, path, text.encode(), pristine.encode(), text.encode()))
+    return out
+
+
+def _marker_path(root: Path) -> Path:
+    return _inside(root, MARKER)
+
+
 def read_marker(root: Path) -> dict | None:
-    path = root / MARKER
+    path = _marker_path(root)
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        marker = json.loads(path.read_bytes())
     except ValueError:
-        return {"series_sha256": None, "files": {}}
+        marker = None
+    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
+        return {}  # not one this tool wrote: foreign
+    return marker
 
 
 def state(root: Path, series: Series) -> State:
     marker = read_marker(root)
     if marker is None:
         try:
-            plan(root, series)
+            found = files(root, series)
         except PatchError as e:
             return State("foreign", f"no marker, and the files differ from sglang=={pins.SGLANG}: {e}")
-        return State("pristine", f"every patch of the series applies ({len(series.patches)} patches)")
+        patched = [f.rel for f in found if f.is_patched]
+        if not patched:
+            return State("pristine", f"every patch of the series applies ({len(series.patches)} patches)")
+        return State("interrupted", f"no marker, but {len(patched)} of {len(found)} files carry the series and the "
+                                    "rest are as shipped: an apply or revert stopped half way; run `dsaops patches "
+                                    "apply` to finish it or `dsaops patches revert` to undo it")
+    if not marker:
+        return State("foreign", f"marker {MARKER} is not a JSON object with the series hash and the files: "
+                                "dsaops did not write it", marker)
     if marker.get("series_sha256") != series.sha256:
         return State("foreign", f"marker {MARKER} is from another series (sha256 {marker.get('series_sha256')}, "
                                 f"this series {series.sha256})", marker)
-    changed = [rel for rel, h in marker["files"].items()
-               if not (root / rel).is_file() or _sha((root / rel).read_bytes()) != h["patched_sha256"]]
+    changed = []
+    for rel, h in marker["files"].items():
+        path = _inside(root, rel)
+        if not path.is_file() or not isinstance(h, dict) or _sha(path.read_bytes()) != h.get("patched_sha256"):
+            changed.append(rel)
     if changed:
         return State("foreign", "files changed since the series was applied: " + ", ".join(changed), marker)
     return State("applied", f"series sha256 {series.sha256}", marker)
 
 
-def _write_all(root: Path, contents: dict[str, tuple[bytes, bytes]]) -> None:
-    """Write each file's second value; if a write fails, put back the first values already replaced."""
-    done = []
-    try:
-        for rel, (_, new) in contents.items():
-            (root / rel).write_bytes(new)
-            done.append(rel)
-    except OSError:
-        for rel in done:
-            (root / rel).write_bytes(contents[rel][0])
-        raise
+def _locked(root: Path):
+    return atomic_files.locked(_package(root), "`dsaops patches apply` or `revert`")
 
 
 def apply(root: Path, series: Series) -> str:
-    """Apply the whole series; returns what happened. Raises TreeError/PatchError with nothing changed."""
+    """Apply the whole series; returns what happened. Raises TreeError/PatchError/WriteError with nothing
+    changed.
+
+    The patched files are renamed into place first and the marker last: a crash in between leaves
+    a tree that `state` calls interrupted (each file as shipped or patched, no marker), which
+    apply finishes and revert undoes."""
     check_version(root)
-    st = state(root, series)
-    if st.kind == "applied":
-        return f"already applied (series sha256 {series.sha256}); nothing changed"
-    if st.marker is not None:
-        raise TreeError(f"refusing to apply over a foreign tree: {st.detail}")
-    contents = plan(root, series)
-    _write_all(root, contents)
-    marker = {
-        "sglang_version": pins.SGLANG,
-        "series_sha256": series.sha256,
-        "patches": [p.name for p in series.patches],
-        "files": {rel: {"pristine_sha256": _sha(old), "patched_sha256": _sha(new)}
-                  for rel, (old, new) in contents.items()},
-    }
-    (root / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
-    return f"applied {len(series.patches)} patches to {len(contents)} files (series sha256 {series.sha256})"
+    with _locked(root):
+        st = state(root, series)
+        if st.kind == "applied":
+            return f"already applied (series sha256 {series.sha256}); nothing changed"
+        if st.marker is not None:
+            raise TreeError(f"refusing to apply over a foreign tree: {st.detail}")
+        found = files(root, series)  # a foreign tree without a marker: raises, naming the patch and hunk
+        marker = {
+            "sglang_version": pins.SGLANG,
+            "series_sha256": series.sha256,
+            "patches": [p.name for p in series.patches],
+            "files": {f.rel: {"pristine_sha256": _sha(f.pristine), "patched_sha256": _sha(f.patched)}
+                      for f in found},
+        }
+        _replace(root, series, [*(atomic_files.Change(f.path, f.patched) for f in found if not f.is_patched),
+                  atomic_files.Change(_marker_path(root), (json.dumps(marker, indent=1) + "\n").encode())])
+    finished = " (finishing an interrupted apply)" if st.kind == "interrupted" else ""
+    return (f"applied {len(series.patches)} patches to {len(found)} files{finished} "
+            f"(series sha256 {series.sha256})")
 
 
 def revert(root: Path, series: Series) -> str:
-    """Restore every touched file byte for byte and remove the marker."""
-    st = state(root, series)
-    if st.kind == "pristine":
-        return "not applied; nothing to revert"
-    if st.kind == "foreign":
-        raise TreeError(f"refusing to revert: {st.detail}")
-    restored = _unplan(root, series)
-    contents = {}
-    for rel, text in restored.items():
-        data = text.encode()
-        if _sha(data) != st.marker["files"][rel]["pristine_sha256"]:
-            raise TreeError(f"{rel}: reversing the series does not give the recorded pristine file; nothing changed")
-        contents[rel] = ((root / rel).read_bytes(), data)
-    _write_all(root, contents)
-    (root / MARKER).unlink()
-    return f"reverted {len(contents)} files to sglang=={pins.SGLANG} as shipped"
+    """Restore every touched file byte for byte and remove the marker (first: a crash leaves an
+    interrupted tree, never a marker over files it does not describe)."""
+    with _locked(root):
+        st = state(root, series)
+        if st.kind == "pristine":
+            return "not applied; nothing to revert"
+        if st.kind == "foreign":
+            raise TreeError(f"refusing to revert: {st.detail}")
+        restored = [f for f in files(root, series) if f.is_patched]
+        if st.marker is not None:
+            for f in restored:
+                if _sha(f.pristine) != (st.marker["files"].get(f.rel) or {}).get("pristine_sha256"):
+                    raise TreeError(f"{f.rel}: reversing the series does not give the recorded pristine file; "
+                                    "nothing changed")
+        marker = [atomic_files.Change(_marker_path(root), None)] if st.marker is not None else []
+        _replace(root, series, marker + [atomic_files.Change(f.path, f.pristine) for f in restored])
+    return f"reverted {len(restored)} files to sglang=={pins.SGLANG} as shipped"
+
+
+def _replace(root: Path, series: Series, changes: list[atomic_files.Change]) -> None:
+    atomic_files.remove_leftovers([_marker_path(root), *(_inside(root, rel) for rel in series.targets)])
+    atomic_files.replace_all(changes)
 
 
 def check(root: Path, series: Series) -> str:

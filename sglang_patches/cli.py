@@ -1,8 +1,8 @@
 """`dsaops patches list|check|apply|revert|status [--sglang-root DIR] [--series FILE]`.
 
-Exit codes: 0 done (or nothing to do); 1 `status` found a foreign tree; 2 bad input,
-a wrong SGLang version, a patch that does not apply exactly, or a foreign tree
-(nothing changed).
+Exit codes: 0 done (or nothing to do); 1 `status` found a foreign or interrupted tree;
+2 bad input, a wrong SGLang version, a patch that does not apply exactly, a foreign
+tree, a file that cannot be written, or another apply/revert running (nothing changed).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
         ("check", "the SGLang version equals the pin and every patch applies exactly; changes nothing"),
         ("apply", "apply the whole series (all or nothing) and write the marker"),
         ("revert", "restore every patched file byte for byte and remove the marker"),
-        ("status", "say pristine, applied (series hash) or foreign"),
+        ("status", "say pristine, applied (series hash), interrupted or foreign"),
     ):
         a = actions.add_parser(action, help=text, description=text)
         a.add_argument("--series", type=Path, help="series file (default: the one shipped with dsaops)")
@@ -45,6 +45,7 @@ def run(args) -> int:
     import sys
 
     from dsaops.sglang_patches import apply as tree
+    from dsaops.sglang_patches.atomic_files import WriteError
     from dsaops.sglang_patches.series import DEFAULT_SERIES, load
     from dsaops.sglang_patches.unidiff import PatchError
 
@@ -62,9 +63,13 @@ def run(args) -> int:
             tree.check_version(root)
             st = tree.state(root, series)
             print(f"{st.kind}: {st.detail}")
-            return 1 if st.kind == "foreign" else 0
+            return 0 if st.kind in ("pristine", "applied") else 1
         print(getattr(tree, args.action)(root, series))
         return 0
-    except (PatchError, tree.TreeError) as e:
+    except (PatchError, tree.TreeError, WriteError) as e:
         print(f"dsaops patches {args.action}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # reading: writes come back as WriteError
+        print(f"dsaops patches {args.action}: cannot read {e.filename}: {e.strerror}; nothing was changed",
+              file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ A full copy of the unpacked wheel (5,800 files, 132 MB) takes ~8 s on a CI disk,
 the test that proves the tool touches nothing else copies it all; the others work on a
 sparse copy: the dist-info, the version files and every file the series touches.
 """
+import hashlib
 import shutil
 
 import pytest
@@ -16,6 +17,12 @@ from tests.support.sglang_wheel import sglang_source
 @pytest.fixture(scope="session")
 def series():
     return load()
+
+
+def tree_hash(root):
+    """sha256 of every file under root (dot files too), by relative path: any change anywhere shows."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def sparse_copy(dest, series):

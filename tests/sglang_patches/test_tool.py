@@ -1,5 +1,4 @@
 """`dsaops patches` against the real pinned sglang==0.5.23 wheel: apply, idempotence, revert, refusals."""
-import hashlib
 import json
 import shutil
 
@@ -8,15 +7,10 @@ from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
 
 from dsaops import cli, pins
+from tests.sglang_patches.conftest import tree_hash
 from tests.support.sglang_wheel import pristine_copy
 
 OVERRIDES = "sglang/srt/arg_groups/overrides.py"
-
-
-def tree_hash(root):
-    """sha256 of every file under root, by relative path: any change anywhere shows."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def patches(*argv, root=None):
@@ -158,3 +152,32 @@ def test_no_sglang_importable_is_a_user_error(monkeypatch, capsys):
 def test_a_root_without_sglang_is_refused(tmp_path, capsys):
     assert patches("apply", root=tmp_path) == 2
     assert "holds no sglang/ package" in capsys.readouterr().err
+
+
+def test_each_target_reads_as_shipped_or_patched(pristine_root, patched_root, series):
+    """Without a marker (a crash between the renames) each file is told by content: the series must apply
+    forwards only to the shipped file and backwards only to the patched one, for every target."""
+    assert not any(f.is_patched for f in tree.files(pristine_root, series))
+    assert all(f.is_patched for f in tree.files(patched_root, series))
+
+
+def test_a_target_that_is_not_utf8_is_refused(root, capsys):
+    target = root / OVERRIDES
+    target.write_bytes(b"\xff" + target.read_bytes())
+    before = tree_hash(root)
+    for action in ("apply", "check"):
+        assert patches(action, root=root) == 2
+        assert f"{OVERRIDES}: not UTF-8 text" in capsys.readouterr().err
+    assert tree_hash(root) == before
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"files": []}', "not json"])
+def test_a_marker_that_is_not_one_reads_as_foreign(root, text, capsys):
+    (root / tree.MARKER).write_text(text)
+    before = tree_hash(root)
+    assert patches("status", root=root) == 1
+    assert "dsaops did not write it" in capsys.readouterr().out
+    for action in ("apply", "revert"):
+        assert patches(action, root=root) == 2
+        assert "refusing to" in capsys.readouterr().err
+    assert tree_hash(root) == before
