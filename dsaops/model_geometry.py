@@ -9,6 +9,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsaops import plan_input
+from dsaops.errors import UserError
+
 MODELS_DIR = Path(__file__).with_name("models")
 
 # memory_pool.py DSATokenToKVPool: quant_block_size = 128, index K stored as uint8 with
@@ -18,6 +21,10 @@ ROPE_STORAGE_BYTES = 2
 # arg_groups/model_overrides/deepseek_v2.py: DSA pages are 64 * index_kpool tokens
 # (CUDA and the ROCm preshuffle path).
 DSA_PAGE_TOKENS = 64
+
+# memory_pool.py DSATokenToKVPool: `assert index_head_dim == 128` (one index head of 128)
+DSA_INDEX_HEAD_DIM = 128
+LAYERS_MOST = 1 << 16                # far above any model; the sizing walks every layer
 
 KV_LAYOUTS = ("bf16", "raw_fp8", "scaled_fp8")
 
@@ -31,8 +38,8 @@ _GLM5_NEXT_DEFAULTS = {
 _GLM5_NEXT_ARCH = "Glm5NextForConditionalGeneration"
 
 
-class ModelConfigError(ValueError):
-    """A config that cannot be sized: the message names the key to fix."""
+class ModelConfigError(UserError, ValueError):
+    """A config that cannot be sized: the message names the key to fix (one line, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,9 @@ class ModelGeometry:
         if layout == "raw_fp8":
             return dim
         if layout == "scaled_fp8":
+            if self.kv_lora_rank % QUANT_BLOCK:  # kv_cache_configurator.py calculate_mla_kv_cache_dim asserts it
+                raise ModelConfigError(f"the scaled fp8 KV layout needs kv_lora_rank a multiple of {QUANT_BLOCK}, not "
+                                       f"{self.kv_lora_rank}: use tilelang backends (raw fp8) or --kv-cache-dtype bf16")
             return self.kv_lora_rank + self.kv_lora_rank // QUANT_BLOCK * 4 + self.qk_rope_head_dim * ROPE_STORAGE_BYTES
         raise ValueError(f"unknown KV layout {layout!r}; one of {KV_LAYOUTS}")
 
@@ -123,64 +133,125 @@ def presets() -> list[str]:
 
 
 def load_preset(name: str) -> ModelGeometry:
-    path = MODELS_DIR / f"{name}.json"
-    if not path.is_file():
+    if name not in presets():
         raise ModelConfigError(f"unknown model {name!r}; presets: {', '.join(presets())} (or pass --model-config)")
-    return from_config(json.loads(path.read_text()), name=name)
+    return from_config(json.loads((MODELS_DIR / f"{name}.json").read_text()), name=name)
 
 
 def load_config_file(path: str | Path) -> ModelGeometry:
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelConfigError(f"cannot read model config {path}: {e}") from None
+    raw = plan_input.read_json(path, "model config", error=ModelConfigError)
     return from_config(raw, name=Path(path).parent.name or str(path))
 
 
+def _key(key: str) -> str:
+    return f"model config {key!r}"
+
+
+def _whole(cfg: dict, key: str, *, least: int = 1, most: int = plan_input.INT_MOST, default: int | None = None,
+           label: str | None = None, why: str = "`dsaops plan` sizes DSA (MLA + indexer) models only") -> int:
+    """cfg[key] as a whole number from `least` to `most`; `default` when it is absent or null (None: required)."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ModelConfigError(f"model config has no {label or key!r}: {why}")
+        return default
+    return plan_input.whole(value, _key(label or key), least=least, most=most, error=ModelConfigError)
+
+
+def _linear_size(cfg: dict, key: str, flat: str) -> int:
+    """linear_attn_config[key], else the flat glm5_next key (`flat`)."""
+    lin = _typed(cfg, "linear_attn_config", dict, "an object", {})
+    if lin.get(key) is not None:
+        return _whole(lin, key, label=f"linear_attn_config.{key}")
+    return _whole(cfg, flat, why=f"its linear-attention layers need it (or linear_attn_config.{key})")
+
+
+def _typed(cfg: dict, key: str, kind: type, what: str, default=None):
+    """cfg[key] if it is a `kind` (dict, list, str), `default` when absent or null."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ModelConfigError(f"{_key(key)} must be {what}, not {plan_input.shown(value)}")
+    return value
+
+
+def _names(cfg: dict, key: str) -> list[str] | None:
+    names = _typed(cfg, key, list, "a list of names")
+    if names is not None and not all(isinstance(n, str) for n in names):
+        raise ModelConfigError(f"{_key(key)} must be a list of names, not {plan_input.shown(names)}")
+    return names
+
+
 def from_config(raw: dict, *, name: str) -> ModelGeometry:
-    """An HF config.json (text_config wins over top-level keys, as Glm5NextConfig merges them)."""
-    meta = raw.get("_dsaops", {})
-    arch = (raw.get("architectures") or [""])[0]
-    cfg = {**raw, **(raw.get("text_config") or {})}
+    """An HF config.json (text_config wins over top-level keys, as Glm5NextConfig merges them). Every
+    key the sizing reads is checked (type, range, SGLang's own asserts): ModelConfigError names it."""
+    if not isinstance(raw, dict):
+        raise ModelConfigError(f"model config must be a JSON object, not a {type(raw).__name__}")
+    meta = _typed(raw, "_dsaops", dict, "an object", {})
+    arch = (_names(raw, "architectures") or [""])[0]
+    cfg = {**raw, **_typed(raw, "text_config", dict, "an object", {})}
     if arch == _GLM5_NEXT_ARCH:
         cfg = {**_GLM5_NEXT_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None}}
 
-    def need(key):
-        if cfg.get(key) is None:
-            raise ModelConfigError(f"model config has no {key!r}: `dsaops plan` sizes DSA (MLA + indexer) models only")
-        return cfg[key]
-
-    need("index_topk")  # model_config.py is_deepseek_dsa: a DSA model has index_topk
-    num_layers = int(need("num_hidden_layers"))
+    _whole(cfg, "index_topk")  # model_config.py is_deepseek_dsa: a DSA model has index_topk
+    num_layers = _whole(cfg, "num_hidden_layers", most=LAYERS_MOST)
     linear = _linear_layers(cfg, arch, num_layers)
     full = tuple(i for i in range(num_layers) if i not in set(linear))
-    lin_cfg = cfg.get("linear_attn_config") or {}
+    if not full:
+        raise ModelConfigError(f"model config makes all {num_layers} layers linear attention: a DSA model has "
+                               "full-attention layers (check linear_attn_config.kda_layers or layer_types)")
+    index_head_dim = _whole(cfg, "index_head_dim")
+    if index_head_dim != DSA_INDEX_HEAD_DIM:
+        raise ModelConfigError(f"{_key('index_head_dim')} is {index_head_dim}: SGLang's DSA KV pool takes "
+                               f"{DSA_INDEX_HEAD_DIM} only (memory_pool.py DSATokenToKVPool asserts it)")
+    _skip_settings(cfg)
     return ModelGeometry(
-        name=meta.get("name", name), architecture=arch, num_layers=num_layers,
+        name=_typed(meta, "name", str, "a name", name), architecture=arch, num_layers=num_layers,
         full_attention_layers=full, linear_layers=linear,
         indexer_layers=tuple(i for i in full if not _skips_topk(cfg, i)),
-        kv_lora_rank=int(need("kv_lora_rank")), qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0),
-        index_head_dim=int(need("index_head_dim")), index_kpool=int(cfg.get("index_kpool") or 1),
-        draft_layers=int(cfg.get("num_nextn_predict_layers") or 0),
-        context_length=int(need("max_position_embeddings")),
-        linear_num_heads=int(lin_cfg.get("num_heads", cfg.get("linear_num_heads", 0))) if linear else 0,
-        linear_head_dim=int(lin_cfg.get("head_dim", cfg.get("linear_head_dim", 0))) if linear else 0,
-        linear_conv_kernel=int(lin_cfg.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 0))) if linear else 0,
-        multimodal=bool(meta.get("multimodal", "vision_config" in raw)),
-        checkpoint_gib=meta.get("checkpoint_gib"), checkpoint_gib_basis=meta.get("checkpoint_gib_basis", ""),
+        kv_lora_rank=_whole(cfg, "kv_lora_rank"), qk_rope_head_dim=_whole(cfg, "qk_rope_head_dim", least=0, default=0),
+        index_head_dim=index_head_dim, index_kpool=_whole(cfg, "index_kpool", default=1),
+        draft_layers=_whole(cfg, "num_nextn_predict_layers", least=0, default=0),
+        context_length=_whole(cfg, "max_position_embeddings"),
+        linear_num_heads=_linear_size(cfg, "num_heads", "linear_num_heads") if linear else 0,
+        linear_head_dim=_linear_size(cfg, "head_dim", "linear_head_dim") if linear else 0,
+        linear_conv_kernel=_linear_size(cfg, "short_conv_kernel_size", "linear_conv_kernel_dim") if linear else 0,
+        multimodal=_typed(meta, "multimodal", bool, "true or false", "vision_config" in raw),
+        checkpoint_gib=(None if meta.get("checkpoint_gib") is None else plan_input.number(
+            meta["checkpoint_gib"], _key("_dsaops.checkpoint_gib"), most=plan_input.GIB_MOST, error=ModelConfigError)),
+        checkpoint_gib_basis=_typed(meta, "checkpoint_gib_basis", str, "text", ""),
     )
 
 
 def _linear_layers(cfg: dict, arch: str, num_layers: int) -> tuple[int, ...]:
     """glm5_next.py Glm5NextTextConfig: linear_attn_config.kda_layers, else layer_types,
     else every layer with index % 4 != 3. Other DSA architectures have none."""
-    if (lin := cfg.get("linear_attn_config")) and "kda_layers" in lin:
-        return tuple(sorted(lin["kda_layers"]))
-    if cfg.get("layer_types"):
-        return tuple(i for i, t in enumerate(cfg["layer_types"]) if t == "linear_attention")
+    lin = _typed(cfg, "linear_attn_config", dict, "an object", {})
+    if "kda_layers" in lin:
+        kda = _typed(lin, "kda_layers", list, "a list of layer numbers", [])
+        for layer in kda:  # layer numbers count from 0
+            plan_input.whole(layer, f"{_key('linear_attn_config.kda_layers')} entry", least=0, most=num_layers - 1,
+                             error=ModelConfigError)
+        if len(set(kda)) != len(kda):
+            raise ModelConfigError(f"{_key('linear_attn_config.kda_layers')} names a layer twice")
+        return tuple(sorted(kda))
+    if types := _names(cfg, "layer_types"):
+        if len(types) != num_layers:
+            raise ModelConfigError(f"{_key('layer_types')} has {len(types)} entries for {num_layers} layers "
+                                   "(num_hidden_layers): give one per layer")
+        return tuple(i for i, t in enumerate(types) if t == "linear_attention")
     if arch == _GLM5_NEXT_ARCH:
         return tuple(i for i in range(num_layers) if i % 4 != 3)
     return ()
+
+
+def _skip_settings(cfg: dict) -> None:
+    """The keys _skips_topk reads, checked once as dsa_layer_skips_topk asserts them (positive numbers)."""
+    _names(cfg, "indexer_types")
+    _typed(cfg, "index_topk_pattern", str, "a string of F and S")
+    for key in ("cli_factor", "index_topk_freq", "index_skip_topk_offset"):
+        _whole(cfg, key, default=1)
 
 
 def _skips_topk(cfg: dict, layer: int) -> bool:

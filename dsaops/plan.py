@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
-from dsaops import concurrency, kv_budget, kv_layout, launch_args, model_geometry, targets
+from dsaops import concurrency, kv_budget, kv_layout, launch_args, model_geometry, plan_input, targets
 from dsaops.errors import UserError
 
 DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
@@ -47,10 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--context-length", type=int)
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--max-mamba-cache-size", type=int, help="mamba state slots, all DP ranks together")
-    p.add_argument("--mamba-ssm-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--mamba-ssm-dtype", choices=plan_input.MAMBA_SSM_DTYPES, default="float32")
     p.add_argument("--mamba-full-memory-ratio", type=float)
-    p.add_argument("--mamba-radix-cache-strategy", default="auto",
-                   choices=["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"])
+    p.add_argument("--mamba-radix-cache-strategy", default="auto", choices=plan_input.MAMBA_RADIX_CACHE_STRATEGIES)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--skip-decode-lock", action="store_true", help="as with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
@@ -162,6 +161,7 @@ class Plan:
 def make_plan(req: PlanRequest) -> Plan:
     """The plan for `req`; raises UserError (one line: what to change) where SGLang would refuse or
     the numbers do not add up."""
+    plan_input.check(req)
     target = targets.get(req.target)
     try:
         model = (model_geometry.load_config_file(req.model_config) if req.model_config
@@ -182,12 +182,6 @@ def make_plan(req: PlanRequest) -> Plan:
     except kv_layout.BackendRefused as e:
         raise UserError(f"SGLang refuses this launch at startup: {e}") from None
     layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8)
-    if not 0 < req.mem_fraction_static < 1:
-        raise UserError("--mem-fraction-static must be between 0 and 1 (SGLang's default is about 0.8-0.9)")
-    for flag in ("gpu_memory_gib", "context_length", "max_running_requests", "max_mamba_cache_size",
-                 "mamba_full_memory_ratio", "speculative_num_draft_tokens", "weights_gib"):
-        if (value := getattr(req, flag)) is not None and value <= 0:
-            raise UserError(f"--{flag.replace('_', '-')} must be positive, not {value:g}")
 
     pre_load, free, source, assumptions = _free_memory(req, target, model, par)
     slots_per_req = _mamba_slots_per_request(req)
@@ -265,9 +259,6 @@ def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: 
 
 
 def _parallelism(req: PlanRequest) -> Parallel:
-    for flag in ("nodes", "gpus_per_node", "tp_size", "dp_size"):
-        if getattr(req, flag) < 1:
-            raise UserError(f"--{flag.replace('_', '-')} must be at least 1")
     # parallel_hook.py handle_deprecated_dp_attention: `--dp-size N --enable-dp-attention`
     # means attn_dp_size = N, dp_size = 1.
     attn_dp, dp = req.attn_dp_size or 1, req.dp_size
