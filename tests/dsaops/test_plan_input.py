@@ -2,7 +2,7 @@
 
 A table of bad values (every number flag with nan, inf, -inf, 1e308, 0, -1 and a word; choices and
 names; model configs of every broken shape, each key the sizing reads out of range or of the wrong
-type, and geometry SGLang refuses).
+type, and geometry SGLang refuses), then a seeded fuzz over the whole argument space.
 """
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dsaops import model_geometry
+from dsaops import model_geometry, plan_input
 from dsaops.cli import main
 from dsaops.errors import UserError
 from dsaops.plan import PlanRequest, make_plan
@@ -218,3 +220,82 @@ def test_python_callers_get_the_same_refusals(field, value, says):
     assert make_plan(PlanRequest(**fields)).kv_layout == "raw_fp8"
     with pytest.raises(UserError, match=says):
         make_plan(PlanRequest(**{**fields, field: value}))
+
+
+# --- fuzz: any arguments end in a plan (exit 0) or one line (exit 2) ---------------------------------------
+WILD_NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                         st.sampled_from(["0", "-1", "1e308", "-inf", "nan", "1e-300"]), st.integers(-3, 2**40).map(str))
+WILD_SIZES = st.integers(-2, 2**33).map(str)
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=8)
+CONFIG_KEYS = ["num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim", "index_topk", "index_kpool",
+               "max_position_embeddings", "num_nextn_predict_layers", "linear_num_heads", "linear_head_dim",
+               "linear_conv_kernel_dim", "linear_attn_config", "layer_types", "indexer_types", "cli_factor",
+               "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset", "architectures", "text_config",
+               "_dsaops"]
+
+
+@st.composite
+def plan_arguments(draw, folder):
+    """A launch that mostly adds up (so that the arithmetic is reached), each value wild one time in eight."""
+    def value(sane, wild):
+        return draw(wild if draw(st.integers(0, 7)) == 7 else sane)
+
+    nodes, gpus = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4, 8]))
+    target = draw(st.sampled_from(["sm_90", "sm_121", "gfx942"]))
+    memory = draw(st.sampled_from([80, 119, 140, 192]))
+    backends = ["tilelang", "flashmla_sparse", "flashmla_kv", "trtllm"] + (["triton"] if target == "gfx942" else [])
+    args = {"--target": target, "--kv-cache-dtype": draw(st.sampled_from(["bf16", "bfloat16", "fp8_e4m3"])),
+            "--nodes": value(st.just(str(nodes)), WILD_SIZES),
+            "--gpus-per-node": value(st.just(str(gpus)), WILD_SIZES),
+            "--tp-size": value(st.just(str(nodes * gpus)), WILD_SIZES),
+            "--mem-fraction-static": value(st.floats(0.7, 0.95).map(repr), WILD_NUMBERS),
+            "--gpu-memory-gib": value(st.just(str(memory)), WILD_NUMBERS)}
+    optional = {"--attn-dp-size": st.sampled_from([d for d in (1, 2, 4, 8) if nodes * gpus % d == 0]).map(str),
+                "--context-length": st.integers(1, 2**20).map(str),
+                "--max-running-requests": st.integers(1, 4096).map(str),
+                "--max-mamba-cache-size": st.integers(1, 2000).map(str),
+                "--free-memory-gib": st.floats(0.4, 0.8).map(lambda f: repr(f * memory)),
+                "--weights-gib": st.floats(1, 800).map(repr),
+                "--mamba-full-memory-ratio": st.floats(0.01, 10).map(repr),
+                "--dsa-prefill-backend": st.sampled_from(backends + ["flashmla_sparse_q8"]),
+                "--dsa-decode-backend": st.sampled_from(backends + ["fa3"])}
+    for flag, sane in optional.items():
+        if draw(st.booleans()):
+            wild = WILD_NUMBERS if "gib" in flag or "ratio" in flag else WILD_SIZES
+            args[flag] = value(sane, sane if "backend" in flag else wild)
+    if "--max-running-requests" in args and draw(st.booleans()):   # MTP sizes its scratch from it
+        args["--speculative-num-draft-tokens"] = value(st.integers(1, 8).map(str), WILD_SIZES)
+    args["--mamba-ssm-dtype"] = draw(st.sampled_from(plan_input.MAMBA_SSM_DTYPES))
+    args["--mamba-radix-cache-strategy"] = draw(st.sampled_from(plan_input.MAMBA_RADIX_CACHE_STRATEGIES))
+    if draw(st.integers(0, 3)) == 0:   # the preset's keys as a config.json, up to three of them set to any JSON
+        raw = preset(**draw(st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON, max_size=3)))
+        path = folder / "config.json"
+        path.write_text(json.dumps(raw))
+        args["--model-config"] = str(path)
+    switches = draw(st.lists(st.sampled_from(["--enable-dp-attention", "--disable-radix-cache",
+                                              "--disable-overlap-schedule", "--skip-decode-lock", "--json"]),
+                             unique=True))
+    return [f"{k}={v}" for k, v in args.items()] + switches
+
+
+def test_any_arguments_end_in_a_plan_or_one_line(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fuzz")
+    outcomes = []
+
+    @settings(max_examples=400, derandomize=True, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(plan_arguments(folder))
+    def check(args):
+        code, out, err = run(args)
+        assert code in (0, 2), (args, code, err)
+        if code == 0:
+            assert out and not err, args
+        else:
+            assert not out and len(err.splitlines()) == 1 and err.startswith("dsaops plan: "), (args, err)
+        outcomes.append(code)
+
+    check()
+    # both sides of the space are reached: plans made and inputs refused
+    assert outcomes.count(0) >= 40 and outcomes.count(2) >= 40, (outcomes.count(0), outcomes.count(2))
