@@ -34,15 +34,12 @@ from pathlib import Path
 
 NEW, OLD = ".dsaops-new", ".dsaops-old"
 
-_HINTS = {
-    errno.EROFS: "the file system is read-only; remount it read-write",
-    errno.ENOSPC: "the disk is full; free some space",
-    errno.EDQUOT: "the disk quota is used up; free some space",
-    errno.EPERM: "permission denied; run as the tree's owner, and check `lsattr` for an immutable (i) flag",
-    errno.EACCES: "permission denied; run as the tree's owner, and check `lsattr` for an immutable (i) flag",
-    errno.EXDEV: "it is a mount point; patch the tree where its files are not mounted one by one",
-    errno.EBUSY: "it is a mount point; patch the tree where its files are not mounted one by one",
-}
+_DENIED = "run as the tree's owner, and check `lsattr` for an immutable (i) flag"
+_MOUNTED = "it is a mount point; patch the tree where its files are not mounted one by one"
+_FULL = "free some space on it"
+_HINTS = {errno.EROFS: "remount it read-write", errno.ENOSPC: _FULL,
+          errno.EDQUOT: _FULL, errno.EPERM: _DENIED, errno.EACCES: _DENIED, errno.EXDEV: _MOUNTED,
+          errno.EBUSY: _MOUNTED}
 
 
 class WriteError(Exception):
