@@ -34,6 +34,8 @@ class Target:
     unified_memory: bool
     reserved_memory_gib: float
     features: tuple[str, ...]
+    dsaops_decode: str      # "default", "selftest" or "never" (dsaops.kernels.route reads it)
+    decode_evidence: str    # the measurement behind dsaops_decode, said in the server's log
 
     def has(self, feature: str) -> bool:
         return feature in self.features

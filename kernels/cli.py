@@ -1,6 +1,8 @@
-"""`dsaops kernels compile|supports`: build every decode kernel the dispatch can choose for a target,
-with no GPU, and report each one's shared memory against the target's budget (and with --ptxas,
-its registers, spills and whether ptxas serialized its wgmma instructions: kernels/ptxas.py).
+"""`dsaops kernels compile|supports|route|selftest`: build every decode kernel the dispatch can choose
+for a target, with no GPU, and report each one's shared memory against the target's budget (and with
+--ptxas, its registers, spills and whether ptxas serialized its wgmma instructions: kernels/ptxas.py);
+say which decode kernel a server runs and why (kernels/route.py); check and time it on the serving
+GPU (kernels/selftest.py).
 
 The build itself is kernels/build.py; this module parses arguments and prints the table.
 Top-level imports stay stdlib-only (`dsaops --help` must not load torch or TileLang).
@@ -9,7 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
+from dsaops.kernels import route, selftest
 from dsaops.kernels.build import build
 
 from dsaops import pins
@@ -26,6 +30,8 @@ def add_parser(sub) -> None:
     c.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: CPU count)")
     c.add_argument("--ptxas", action="store_true",
                    help="also report registers, spills and serialized wgmma (one more nvcc run a kernel)")
+    c.add_argument("--skip-unsupported", action="store_true",
+                   help="on a target without dsaops kernels (ROCm), say so in one line and exit 0 (the image build)")
     c.set_defaults(func=run_compile)
     s = ksub.add_parser("supports", help="exit 0 if sparse_mla_decode_fp8 handles this geometry, else 1")
     s.add_argument("--heads", type=int, required=True)
@@ -34,6 +40,14 @@ def add_parser(sub) -> None:
     s.add_argument("--topk", type=int, required=True)
     s.add_argument("--kv-dtype", default="float8_e4m3fn")
     s.set_defaults(func=run_supports)
+    r = ksub.add_parser("route", help="which decode kernel a server on TARGET runs, for which batch sizes, and why "
+                                      "(no GPU)")
+    r.add_argument("--target", required=True, help="a name from `dsaops targets`")
+    r.add_argument("--heads", type=int, default=64, help="q heads a rank runs (GLM-5.3-Flash: 64 / attention-TP size)")
+    r.add_argument("--selftest", type=Path, metavar="FILE",
+                   help=f"a selftest verdict (default: {route.VERDICT_FILE} in the dsaops cache, where present)")
+    r.set_defaults(func=run_route)
+    selftest.add_parser(ksub)
 
 
 def run_compile(args) -> int:
@@ -42,6 +56,9 @@ def run_compile(args) -> int:
     from dsaops import targets
 
     target = targets.get(args.target)
+    if target.vendor != "nvidia" and args.skip_unsupported:
+        print(f"dsaops kernels: nothing compiled for {target.name}: {target.decode_evidence}")
+        return 0
     if target.vendor != "nvidia":
         raise UserError(f"{args.target} is not an NVIDIA target; `dsaops kernels compile` takes "
                         f"{', '.join(n for n, t in targets.table().items() if t.vendor == 'nvidia')}")
@@ -81,3 +98,26 @@ def run_supports(args) -> int:
     ok = decode_supported(args.heads, args.d_qk, args.d_v, args.topk, args.kv_dtype)
     print("supported" if ok else "not supported")
     return 0 if ok else 1
+
+
+def run_route(args) -> int:
+    from dsaops import targets
+
+    target = targets.get(args.target)
+    if args.heads < 1:
+        raise UserError(f"--heads must be >= 1, got {args.heads}")
+    verdict, note = None, ""
+    if args.selftest:
+        try:
+            verdict = route.read_verdict(args.selftest)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    else:
+        verdict, unread = route.load_verdict_quietly(route.verdict_path())
+        note = f" (verdict ignored: {unread})" if unread else ""
+    try:
+        decision = route.decide(target, args.heads, verdict=verdict)
+    except route.BadSetting as e:
+        raise UserError(str(e)) from None
+    print(decision.line + note)
+    return 0
