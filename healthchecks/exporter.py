@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsaops.healthchecks.containers import ContainerCollector, Containers
+from dsaops.healthchecks.decode_kernel import DecodeKernelCollector
 from dsaops.healthchecks.hostmem import HostMemoryCollector
 from dsaops.healthchecks.logfollow import LogCollector, LogFollower
 from dsaops.healthchecks.logparse import LogState
@@ -82,7 +83,7 @@ class Exporter:
                ("processes", WorkerCollector(self.watcher, f)),
                ("hostmem", HostMemoryCollector(self.errors, f, self.cfg.proc))]
         if self.log is not None:
-            out.append(("log", LogCollector(self.log, f, self.follower)))
+            out += [("log", LogCollector(self.log, f, self.follower)), ("log", DecodeKernelCollector(self.log, f))]
         if self.containers is not None:
             out.append(("docker", ContainerCollector(self.containers, f)))
         return [*out, ("exporter", self.errors.collector(f))]

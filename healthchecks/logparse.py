@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from dsaops.healthchecks import decode_kernel
+
 GIB = 1 << 30  # SGLang's "GB" (memory_pool.py: GB = 1024 * 1024 * 1024)
 
 # Literal pieces of the wheel's format strings, by the file that holds them.
@@ -36,7 +38,7 @@ FORMAT_STRINGS = {
 
 # A line teaches something only if it holds one of these (str.find runs ~6x faster than one regex).
 _KEYWORDS = ("is allocated", "max_running_requests", "crashed with", "terminated with", "SIGTERM received",
-             "SIGQUIT received", "Health check failed")
+             "SIGQUIT received", "Health check failed", decode_kernel.KEYWORD)
 _PREFIX = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{3})?((?: [A-Z_]+\d+)*)\] (.*)$")
 _KV_ALLOC = re.compile(r"KV Cache is allocated\. dtype: ([\w.]+), #tokens: (\d+), "
                        r"(?:KV size: ([\d.]+)|K size: ([\d.]+) GB, V size: ([\d.]+)) GB")
@@ -77,6 +79,7 @@ class LogState:
     mamba_slots: dict = field(default_factory=dict)     # rank -> max_mamba_cache_size
     mamba_cap: dict = field(default_factory=dict)       # rank -> (cap, max_mamba_cache_size, slots per request)
     reduced: dict = field(default_factory=dict)         # rank -> (requested per dp, effective)
+    decode_kernel: dict = field(default_factory=dict)   # rank -> (kernel, reason, min batch): decode_kernel.py
     exits: OrderedDict = field(default_factory=OrderedDict)  # pid -> (exit code, line time, crashed?)
     shutdowns: list = field(default_factory=list)       # line times of clean-stop lines (last few)
     events: dict = field(default_factory=lambda: {"sigquit": 0, "health_check_failed": 0, "sigterm": 0})
@@ -88,7 +91,7 @@ class LogState:
         `position` and must not forget the startup lines it read before."""
         with self.lock:
             return {"kv": self.kv, "mamba_slots": self.mamba_slots, "mamba_cap": self.mamba_cap,
-                    "reduced": self.reduced, "exits": [[pid, *rec] for pid, rec in self.exits.items()][-keep_exits:],
+                    "reduced": self.reduced, "decode_kernel": self.decode_kernel, "exits": [[pid, *rec] for pid, rec in self.exits.items()][-keep_exits:],
                     "shutdowns": self.shutdowns, "events": self.events, "position": self.position}
 
     @staticmethod
@@ -97,6 +100,9 @@ class LogState:
                 "mamba_slots": {str(r): int(n) for r, n in saved["mamba_slots"].items()},
                 "mamba_cap": {str(r): (int(c), int(s), int(k)) for r, (c, s, k) in saved["mamba_cap"].items()},
                 "reduced": {str(r): (int(a), int(b)) for r, (a, b) in saved["reduced"].items()},
+                # a state file written before the decode series existed has none
+                "decode_kernel": {str(r): (str(k), str(why), int(b))
+                                  for r, (k, why, b) in saved.get("decode_kernel", {}).items()},
                 "exits": OrderedDict((int(pid), (int(code), float(when), bool(crashed)))
                                      for pid, code, when, crashed in saved["exits"]),
                 "shutdowns": [float(t) for t in saved["shutdowns"]][-8:],
@@ -165,6 +171,8 @@ class LogState:
             self.events["sigquit"] += 1
         elif _HEALTH_FAILED.search(msg):
             self.events["health_check_failed"] += 1
+        elif decision := decode_kernel.parse(msg):
+            self.decode_kernel[rank] = decision
 
     def _exit(self, pid: int, code: int, when: float, crashed: bool) -> None:
         if crashed or pid not in self.exits:  # the watchdog's "crashed" outranks a later join report
