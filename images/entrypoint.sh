@@ -38,6 +38,16 @@ elif [ "$given" != "$port" ]; then
     exit 2
 fi
 
+# The health check counts this node's scheduler ranks (a worker node's /health always answers 200);
+# how many there are, SGLang's launch arguments say: worked out once, here (dsaops/node_ranks.py).
+if [ -n "${DSAOPS_HEALTHCHECK_ARGS:-}" ]; then
+    if ! ranks=$(python3 -m dsaops.node_ranks -- "$@") || ! mkdir -p "$(dirname "$DSAOPS_HEALTHCHECK_ARGS")" \
+        || ! printf -- '--expect-ranks %s\n' "$ranks" > "$DSAOPS_HEALTHCHECK_ARGS"; then
+        rm -f "$DSAOPS_HEALTHCHECK_ARGS"
+        echo "dsaops-entrypoint: the health check will not count scheduler ranks (see above)" >&2
+    fi
+fi
+
 if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
     echo "dsaops-entrypoint: cannot write DSAOPS_LOG_FILE=$log; mount a writable folder there or set it elsewhere" >&2
     exit 2

@@ -129,3 +129,20 @@ def test_a_plan_reaches_the_exporter_for_the_kv_alert(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_the_health_check_learns_the_ranks_of_this_node_once(tmp_path):
+    args_file = tmp_path / "run" / "healthcheck.args"
+    proc = start(tmp_path, "--model-path", "/m", "--tp", "4", "--nnodes", "2", STANDIN_EXIT="0",
+                 DSAOPS_HEALTHCHECK_ARGS=str(args_file))
+    assert proc.wait(timeout=30) == 0
+    assert args_file.read_text() == "--expect-ranks 2\n"
+
+
+def test_arguments_it_cannot_count_leave_the_health_check_without_a_count(tmp_path):
+    args_file = tmp_path / "healthcheck.args"
+    args_file.write_text("--expect-ranks 8\n")  # from an earlier start
+    proc = start(tmp_path, "--model-path", "/m", "--tp", "0", STANDIN_EXIT="0", DSAOPS_HEALTHCHECK_ARGS=str(args_file))
+    assert proc.wait(timeout=30) == 0  # SGLang itself says what is wrong with its arguments
+    assert not args_file.exists()
+    assert "--tp-size must be >= 1" in proc.stderr.read()

@@ -57,6 +57,7 @@ def _dsaops_command_lines() -> list[list[str]]:
         code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
         # An array expansion ("${plan[@]}") holds whole options, checked by the entrypoint's own tests.
         code = re.sub(r'"\$\{\w+\[@\]\}"', "", code.replace("\\\n", " "))
+        code = re.sub(r"\$\([^()]*\)", "", code)  # a command substitution: checked where it is made
         code = re.sub(r"\$(\{[^}]*\}|\w+)", "X", code)
         for m in re.findall(r"\bdsaops ((?:patches|kernels|exporter|healthcheck|log-writer)\b[^;&|)\n]*)", code):
             found.append(shlex.split(m.strip().removesuffix('"]')))

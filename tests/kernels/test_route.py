@@ -190,3 +190,10 @@ def test_the_module_stays_stdlib_at_import():
 
     code = "import sys, dsaops.kernels.route; print(sorted(m for m in ('torch', 'tilelang', 'triton') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_the_image_build_compiles_nothing_for_rocm_and_says_so_in_one_line(capsys):
+    assert main(["kernels", "compile", "--target", "gfx942", "--skip-unsupported"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"dsaops kernels: nothing compiled for gfx942: {targets.get('gfx942').decode_evidence}"]
+    assert main(["kernels", "compile", "--target", "gfx942"]) == 2  # asked for by hand: refused, as before
