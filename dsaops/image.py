@@ -9,6 +9,7 @@ two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLa
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import os
@@ -20,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsaops import pins
+from dsaops import image_base, pins
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
 
@@ -103,9 +104,14 @@ def detect_builder() -> str:
 
 def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, builder: str = "auto",
          context: Path | None = None, stage: str = "runtime", extra_args: dict[str, str] | None = None,
-         offline: bool = False) -> Plan:
-    """The exact commands `dsaops image build` runs; raises on a bad target or option."""
+         offline: bool = False, standin: bool = False) -> Plan:
+    """The exact commands `dsaops image build` runs; raises on a bad target or option. `standin`: on
+    the target's stand-in base (dsaops/image_base.py), this machine's platform, no network."""
     target = _target(name)
+    if standin:
+        extra_args = image_base.build_args(target) | (extra_args or {})
+        tag, offline = tag or f"{pins.SGLANG}-{target.name}-standin", True
+        target = dataclasses.replace(target, platform=image_base.platform(), base_image=image_base.tag(target))
     if push and not registry:
         raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
                         f"without it the push would go to Docker Hub's {IMAGE_NAME}")
@@ -263,6 +269,10 @@ def add_parser(sub) -> None:
                        description=__doc__.splitlines()[0])
     p.set_defaults(func=lambda args: p.print_help() or 2)
     actions = p.add_subparsers(dest="action", metavar="ACTION")
+    base = actions.add_parser("base", help="make a stand-in base image here, to build without a registry",
+                              description=image_base.__doc__.split("\n\n")[0])
+    base.add_argument("--arch", required=True, metavar="TARGET", help="sm_90, sm_121 or gfx942")
+    base.set_defaults(func=image_base.run)
     for action, text in (("plan", "print the exact build command and its arguments; builds nothing"),
                          ("build", "stage the build context and run the build")):
         a = actions.add_parser(action, help=text, description=text)
@@ -278,6 +288,8 @@ def add_parser(sub) -> None:
                        help="RUN steps without network (for stages whose base already has what they need)")
         a.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE",
                        help="add or override a build argument (e.g. a locally made BASE_IMAGE)")
+        a.add_argument("--base", choices=("target", "standin"), default="target",
+                       help="standin: build on the stand-in base `dsaops image base` makes (no registry, no network)")
         if action == "build":
             a.add_argument("--sglang-wheel", type=Path, help="use this SGLang wheel instead of downloading one")
         a.set_defaults(func=run)
@@ -291,12 +303,16 @@ def _parse_build_args(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args) -> int:
+    standin = args.base == "standin"
     p = plan(args.arch, tag=args.tag, registry=args.registry, push=args.push, builder=args.builder,
              context=args.context, stage=args.stage, extra_args=_parse_build_args(args.build_arg),
-             offline=args.offline)
+             offline=args.offline, standin=standin)
     if args.action == "plan":
         print(render(p))
         return 0
+    if standin:
+        image_base.ensure(p.target)
+        return build(p, sglang_wheel=args.sglang_wheel or image_base.sglang_wheel(p.target))
     return build(p, sglang_wheel=args.sglang_wheel)
 
 

@@ -5,13 +5,17 @@ ARCH ?=
 TAG ?=
 REGISTRY ?=
 PUSH ?=
+BASE ?=
 IMAGE_PY := $(if $(wildcard $(PY)),$(PY),PYTHONPATH=. $(PYTHON))
 IMAGE_OPTS = --arch "$(ARCH)" $(if $(TAG),--tag "$(TAG)") $(if $(REGISTRY),--registry "$(REGISTRY)") \
-	$(if $(filter 1 yes true,$(PUSH)),--push)
+	$(if $(filter 1 yes true,$(PUSH)),--push) $(if $(BASE),--base "$(BASE)")
 
-.PHONY: image image-plan
-image: ## build the serving image for ARCH=sm_90|sm_121|gfx942 (TAG=, REGISTRY=, PUSH=1)
+.PHONY: image image-plan image-base
+image: ## build the serving image for ARCH=sm_90|sm_121|gfx942 (TAG=, REGISTRY=, PUSH=1, BASE=standin)
 	@$(IMAGE_PY) -m dsaops image build $(IMAGE_OPTS)
 
 image-plan: ## print the exact image build command for ARCH= without building
 	@$(IMAGE_PY) -m dsaops image plan $(IMAGE_OPTS)
+
+image-base: ## make ARCH='s stand-in base here (no registry; images/README.md), for make image BASE=standin
+	@$(IMAGE_PY) -m dsaops image base --arch "$(ARCH)"

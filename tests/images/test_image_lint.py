@@ -16,6 +16,7 @@ from dsaops.cli import build_parser
 from tests.images.docker_build import REPO
 
 DOCKERFILE = REPO / "images" / "Dockerfile"
+STANDIN_DOCKERFILE = REPO / "images" / "standin-base.Dockerfile"
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 BIN = Path(sys.executable).parent
 
@@ -26,8 +27,9 @@ def tool(name: str) -> str:
     return found
 
 
-def test_hadolint_clean():
-    out = subprocess.run([tool("hadolint"), str(DOCKERFILE)], capture_output=True, text=True, check=False)
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, STANDIN_DOCKERFILE], ids=lambda p: p.name)
+def test_hadolint_clean(dockerfile):
+    out = subprocess.run([tool("hadolint"), str(dockerfile)], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
 

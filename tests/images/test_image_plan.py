@@ -109,6 +109,28 @@ def test_cross_platform_build_says_to_build_natively():
         assert "on the DGX Spark itself" in make_plan("ARCH=sm_121").stdout
 
 
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_a_standin_plan_builds_offline_for_this_machine_with_the_targets_arguments(name):
+    """BASE=standin: the stand-in base (dsaops image base), this machine's platform (sm_121's kernels still
+    compile for sm_121a: its arguments stay), RUN steps without network, a tag that says stand-in."""
+    host = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}[os.uname().machine]
+    out = make_plan(f"ARCH={name}", "BASE=standin")
+    assert out.returncode == 0, out.stderr
+    [cmd] = commands(out.stdout)
+    opts, args = options(cmd)
+    assert opts["--platform"] == host and "--network" in cmd and opts["--network"] == "none"
+    assert opts["--tag"] == f"dsaops/sglang:{SGLANG_PIN}-{name}-standin"
+    kind = "rocm" if TABLE[name]["vendor"] == "amd" else "nvidia"
+    assert args["BASE_IMAGE"] == f"dsaops-standin/base:{kind}" and args["SGLANG_DEPS"] == "none"
+    assert args["DSAOPS_TARGET"] == name and args["TORCH_CUDA_ARCH_LIST"] == TABLE[name]["torch_cuda_arch_list"]
+    assert "QEMU" not in out.stdout and f"#   base      dsaops-standin/base:{kind}" in out.stdout
+
+
+def test_make_lists_the_standin_base():
+    out = subprocess.run(["make", "--no-print-directory"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "make image-base" in out and "BASE=standin" in out
+
+
 @pytest.mark.parametrize(("assignments", "message"), [
     (["ARCH=sm_80"], "unknown target 'sm_80'; valid targets: sm_90, sm_121, gfx942"),
     ([], "ARCH= (--arch) is required; valid targets: sm_90, sm_121, gfx942"),
