@@ -32,9 +32,26 @@ def pytest_collection_modifyitems(config, items):
 DEBIAN_DOCKER = Path("/usr/bin/docker")
 
 
+def _overlay_mounts(root: Path) -> bool:
+    """Whether an overlay filesystem mounts here (then dockerd's overlay2 driver shares image layers
+    instead of copying the whole root filesystem per layer, as vfs does)."""
+    work = root / "overlay-probe"
+    dirs = [work / d for d in ("lower", "upper", "work", "merged")]
+    for d in dirs:
+        d.mkdir(parents=True)
+    opts = f"lowerdir={dirs[0]},upperdir={dirs[1]},workdir={dirs[2]}"
+    ok = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(dirs[3])], capture_output=True,
+                        check=False).returncode == 0
+    if ok:
+        subprocess.run(["umount", str(dirs[3])], check=True)
+    shutil.rmtree(work)
+    return ok
+
+
 @pytest.fixture(scope="session")
 def dockerd():
-    """A dockerd of our own: vfs storage, no iptables, no bridge; stopped when the session ends."""
+    """A dockerd of our own: overlay2 storage where overlay mounts (else vfs), no iptables, no bridge;
+    stopped when the session ends."""
     need(os.geteuid() == 0 and shutil.which("dockerd") and DEBIAN_DOCKER.is_file(),
          "root and Docker from Debian (apt-get install docker.io)")
     root = Path(tempfile.mkdtemp(prefix="dsaops-img-dockerd-"))
@@ -43,9 +60,10 @@ def dockerd():
     bindir.mkdir()
     (bindir / "docker").symlink_to(DEBIAN_DOCKER)
     env = dict(os.environ, DOCKER_HOST=f"unix://{sock}", PATH=f"{bindir}:{os.environ['PATH']}")
+    driver = "overlay2" if _overlay_mounts(root) else "vfs"
     with open(root / "dockerd.log", "w") as log:
         proc = subprocess.Popen(
-            ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
+            ["dockerd", "--storage-driver", driver, "--iptables=false", "--ip6tables=false", "--ip-forward=false",
              "--ip-masq=false", "--bridge=none", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
              "-H", f"unix://{sock}", "--pidfile", str(root / "docker.pid")], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -66,5 +84,5 @@ def dockerd():
             left = [line.split()[1] for line in mounts if line.split()[1].startswith(f"{root}/")]
         for mount in sorted(left, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False)
-        # vfs keeps a full copy of the root filesystem per layer: rm is much faster than shutil.rmtree here.
+        # many files (vfs keeps a full copy of the root filesystem per layer): rm is faster than shutil.rmtree
         subprocess.run(["rm", "-rf", str(root)], check=False)
