@@ -10,7 +10,7 @@ TILELANG_SITE ?= /tmp/site
 SGLANG_ROOT ?= $(BUNDLE_DIR)/sgl
 GPU_ENV = PYTHONPATH=.:$(TILELANG_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1
 
-.PHONY: test-gpu bench compile-check gpu-site gpu-bundle
+.PHONY: test-gpu bench selftest compile-check gpu-site gpu-bundle
 gpu-bundle: ## build .devbundle/ for a GPU host without network (BUNDLE_PYTHON=3.12 BUNDLE_PLATFORM=x86_64)
 	bash kernels/offline-bundle.sh --python $(BUNDLE_PYTHON) --platform $(BUNDLE_PLATFORM) --out $(BUNDLE_DIR)
 
@@ -25,6 +25,9 @@ test-gpu: gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.m
 bench: gpu-site ## decode benchmarks on an H200 (FlashMLA from the bundle): benchmarks/h200-decode.json + PNG, then BENCHMARKS.md
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/h200_decode.py --sglang-root $(SGLANG_ROOT) $(BENCH_ARGS)
 	$(GPU_PYTHON) benchmarks/report.py
+
+selftest: gpu-site ## dsaops' decode checked and timed against SGLang's on this GPU, the routing verdict (SELFTEST_ARGS=--heads 64)
+	$(GPU_ENV) $(GPU_PYTHON) -m dsaops kernels selftest --sglang-root $(SGLANG_ROOT) $(SELFTEST_ARGS)
 
 compile-check: $(STAMP) ## compile every decode kernel for sm_90 and sm_121 (no GPU) and check shared memory
 	$(VENV)/bin/dsaops kernels compile --target sm_90
