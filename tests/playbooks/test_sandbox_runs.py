@@ -6,11 +6,13 @@ host's root prefix and are asserted there.
 """
 import json
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
+from dsaops.cli import build_parser
 from dsaops.image import image_name
 from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot
 
@@ -62,6 +64,16 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     assert plan["kv_pool_tokens_per_rank"] > 0 and plan["kv_layout"] == "raw_fp8"
     assert "DSAOPS_EXPORTER_PLAN=/etc/dsaops/plan.json" in worker
     assert "/etc/dsaops/plan.json:/etc/dsaops/plan.json:ro" in worker
+    # the node's cache is the server's DSAOPS_CACHE (the selftest verdict its decode routing reads), and
+    # `dsaops-sglang selftest` runs the image's selftest there, as the real CLI accepts it (2 ranks: 32 heads)
+    assert "DSAOPS_CACHE=/var/cache/dsaops" in worker and "--volume /var/cache/dsaops:/var/cache/dsaops" in worker
+    assert (roots["node2"] / "var/cache/dsaops").is_dir()
+    selftest = next(line for line in worker.splitlines() if line.strip().startswith("selftest)"))
+    argv = shlex.split(selftest.split("exec docker run", 1)[1].rstrip(" ;"))
+    assert argv[:3] == ["--rm", "--gpus", "all"] and image_name("sm_121") in argv
+    command = argv[argv.index("dsaops") + 1:]
+    assert command == ["kernels", "selftest", "--heads", "32", "--tp-size", "2", "--if-stale"]
+    build_parser().parse_args(command)
     assert not (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").exists()   # no systemd here
 
     # The head's dist-init port is fenced to the cluster in its own namespace (nftables).

@@ -55,8 +55,9 @@ def _nodes(output: str) -> dict[str, str]:
 
 
 def _after_image(command: str) -> str:
-    """The `sglang.launch_server` part of a rendered command: the lines after the image."""
-    return command.split(f"dsaops/sglang:{pins.SGLANG}-")[1].split("\n", 1)[1]
+    """The `sglang.launch_server` part of a rendered command: the lines after the server's image (its
+    last mention: the `selftest` line names it first)."""
+    return command.rsplit(f"dsaops/sglang:{pins.SGLANG}-", 1)[1].split("\n", 1)[1]
 
 
 def _launch(command: str) -> list[str]:
