@@ -41,7 +41,10 @@ def add_parser(sub) -> None:
     s.add_argument("--kv-dtype", default="float8_e4m3fn")
     s.set_defaults(func=run_supports)
     r = ksub.add_parser("route", help="which decode kernel a server on TARGET runs, for which batch sizes, and why "
-                                      "(no GPU)")
+                                      "(no GPU)",
+                        description="Print the line a server on TARGET logs at startup: the raw-fp8 decode kernel it "
+                                    "runs (dsaops' or SGLang's), for which batch sizes, and why (targets table, selftest "
+                                    "verdict, DSAOPS_DECODE). Needs no GPU.")
     r.add_argument("--target", required=True, help="a name from `dsaops targets`")
     r.add_argument("--heads", type=int, default=64, help="q heads a rank runs (GLM-5.3-Flash: 64 / attention-TP size)")
     r.add_argument("--selftest", type=Path, metavar="FILE",

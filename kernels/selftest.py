@@ -209,7 +209,9 @@ def sglang_kernel(root: Path | None):
 def add_parser(ksub) -> None:
     s = ksub.add_parser("selftest", help="check and time dsaops' decode against SGLang's on this GPU; write the "
                                          "verdict the routing reads",
-                        description=__doc__.splitlines()[0].split(": ", 1)[1])
+                        description="Check dsaops' raw-fp8 decode against the fp32 reference and time it against "
+                                    "SGLang's kernel on this GPU, at the batch sizes SGLang captures; print a table "
+                                    f"and write the verdict the routing reads ({route.VERDICT_FILE}).")
     s.add_argument("--heads", type=int, default=64, help="q heads a rank runs (GLM-5.3-Flash: 64 / attention-TP size)")
     s.add_argument("--batch-sizes", help="comma-separated batch sizes (default: those SGLang captures)")
     s.add_argument("--max-bs", type=int, help="largest captured batch (default: SGLang's for this GPU's memory)")
