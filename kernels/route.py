@@ -18,6 +18,7 @@ Stdlib only at import (torch is imported by `for_server`, which runs inside SGLa
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import itertools
 import json
@@ -39,8 +40,7 @@ CHOICES = ("auto", "dsaops", "sglang")
 REASONS = ("setting", "bad_setting", "no_hip_kernels", "unknown_gpu", "unsupported_geometry", "measured",
            "not_measured", "selftest_passed", "selftest_slower", "selftest_incorrect", "not_installed")
 _TABLE_REASONS = {"default": "measured", "selftest": "not_measured", "never": "no_hip_kernels"}
-# the decode's sources, as the package holds them (in an image: as built into it)
-_KERNEL_SOURCES = ("decode*.py", "tiles.py", "*.cuh")
+_NOT_KERNEL = {"route"}  # decode.py asks this module about geometry: the routing, not the kernel
 
 
 class BadSetting(ValueError):
@@ -80,13 +80,31 @@ def geometry_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype)
             and num_heads >= 1 and 1 <= topk <= tiles.MAX_TOPK)
 
 
-def kernel_hash(package: Path | None = None) -> str:
-    """sha256 of the decode's source files in the installed package (names and bytes): a verdict
-    holds for the kernels it measured only; a patch-series hash would miss a kernel change."""
+def kernel_sources(package: Path | None = None) -> list[Path]:
+    """The decode's sources in the installed package (in an image: as built into it): decode.py, every
+    dsaops.kernels module it imports, transitively, and the CUDA headers (*.cuh) they include."""
     package = package or Path(__file__).parent
-    files = sorted({f for pattern in _KERNEL_SOURCES for f in package.glob(pattern)}, key=lambda f: f.name)
-    if not files:
-        raise FileNotFoundError(f"no decode sources under {package}")
+    todo, seen = ["decode"], set()
+    while todo:
+        name = todo.pop()
+        path = package / f"{name}.py"
+        if name in seen or name in _NOT_KERNEL or not path.is_file():
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "dsaops.kernels":
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsaops.kernels."):
+                todo.append(node.module.split(".")[2])
+    if not seen:
+        raise FileNotFoundError(f"no decode.py under {package}")
+    return sorted([package / f"{name}.py" for name in seen] + list(package.glob("*.cuh")), key=lambda f: f.name)
+
+
+def kernel_hash(package: Path | None = None) -> str:
+    """sha256 of kernel_sources (names and bytes): a verdict holds for the kernels it measured only; a
+    patch-series hash would miss a kernel change."""
+    files = kernel_sources(package)
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")

@@ -2,6 +2,7 @@
 (no GPU). The patch's use of it is tests/kernels/test_route_patch.py."""
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -162,25 +163,25 @@ def test_every_table_value_has_a_reason_label():
 
 
 def test_the_kernel_hash_covers_every_decode_source(tmp_path):
-    """Every dsaops.kernels module a decode module imports is hashed, but for the input checks of
-    reference.py; and a change to any hashed file changes the hash."""
-    decode_modules = sorted(KERNELS.glob("decode*.py"))
-    imported = set()
-    for path in decode_modules:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "dsaops.kernels":
-                imported |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsaops.kernels."):
-                imported.add(node.module.rsplit(".", 1)[1])
-    hashed = {f.name for pattern in route._KERNEL_SOURCES for f in KERNELS.glob(pattern)}
-    assert {f"{m}.py" for m in imported} - {"reference.py", "route.py"} <= hashed
-    assert {"decode.py", "decode_tl.py", "tiles.py", "pv_registers.cuh"} <= hashed
+    """decode.py and what it imports from dsaops.kernels, transitively, with the CUDA headers: a change to
+    any of them changes the hash; the routing itself is not a kernel source."""
+    names = {f.name for f in route.kernel_sources()}
+    assert {"decode.py", "tiles.py", "pv_registers.cuh"} <= names and "route.py" not in names
+    for path in KERNELS.glob("decode*.py"):  # every decode module the dispatch reaches
+        text = path.read_text()
+        if path.name != "decode.py" and f"import {path.stem}" not in (KERNELS / "decode.py").read_text():
+            continue
+        assert path.name in names, path.name
+        imported = {m for m in ast.walk(ast.parse(text)) if isinstance(m, ast.ImportFrom)
+                    and (m.module or "").startswith("dsaops.kernels.")}
+        assert {f"{m.module.split('.')[2]}.py" for m in imported} <= names
     copy = tmp_path / "kernels"
-    copy.mkdir()
-    for name in hashed:
-        (copy / name).write_bytes((KERNELS / name).read_bytes())
+    shutil.copytree(KERNELS, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert route.kernel_hash(copy) == route.kernel_hash()
-    (copy / "pv_registers.cuh").write_bytes((KERNELS / "pv_registers.cuh").read_bytes() + b"\n")
+    (copy / "route.py").write_text("# another routing rule\n")
+    assert route.kernel_hash(copy) == route.kernel_hash()
+    imported = min(names - {"decode.py", "pv_registers.cuh"})  # a module decode.py reaches by import
+    (copy / imported).write_bytes((KERNELS / imported).read_bytes() + b"\n")
     assert route.kernel_hash(copy) != route.kernel_hash()
 
 
