@@ -12,11 +12,10 @@ import dataclasses
 import functools
 import os
 
-from dsaops.kernels import splits, tiles
+from dsaops.kernels import route, splits, tiles
 
 from dsaops.cache import cache_dir
 
-FP8_NAMES = {"float8_e4m3fn", "float8_e4m3fnuz"}
 PROXY_SEPARATOR = "@"
 
 
@@ -125,9 +124,7 @@ def _device_facts(index: int):
 
 def decode_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> bool:
     """Whether sparse_mla_decode_fp8 handles this geometry (the routing patch asks before routing)."""
-    kv_name = str(kv_dtype).removeprefix("torch.")
-    return (d_v == tiles.D_V and d_qk - d_v in tiles.D_TAILS and kv_name in FP8_NAMES
-            and num_heads >= 1 and 1 <= topk <= tiles.MAX_TOPK)
+    return route.geometry_supported(num_heads, d_qk, d_v, topk, kv_dtype)
 
 
 # Every batch the benchmark runs (BENCHMARKS.md), the smallest S = 1 at H = 16, is at least as fast
