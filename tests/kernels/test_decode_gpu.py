@@ -69,8 +69,8 @@ def test_wide_score_range_rescales_the_accumulator_mid_query(target):
     out, lse = decode_on(target, q, kv, idx, 1.0, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, 1.0, return_lse=True)
     assert rel_err(out, ref) <= 0.03
-    # fp8 wgmma accumulates scores of ~100 to ~2^-10 relative (lse ~0.1 off), so lse is held to 0.2%
-    assert (lse - ref_lse).abs().max().item() <= 2e-3 * ref_lse.abs().max().item()
+    # scores of ~100 carry q at bf16's precision (2^-8 relative): so does an lse they dominate
+    assert (lse - ref_lse).abs().max().item() <= 2**-8 * ref_lse.abs().max().item()
 
 
 @pytest.mark.parametrize("S", [1, 64])  # a merge kernel's call (32 splits) and a cluster's (2)
