@@ -63,8 +63,8 @@ def test_spread_case_within_budget(H, d_tail, S, target):
 def test_wide_score_range_rescales_the_accumulator_mid_query(target):
     """sm_scale 1: scores spread over ~2^300, so the running max jumps by large factors across tiles
     and the accumulator's rescale is what keeps the output right (without it the output is off by
-    far more than the bound). Hopper's fp8 wgmma accumulates each score to ~2^-10 relative, which at
-    sm_scale 1 moves a near one-hot softmax's weights by a few per cent: 3% holds that, not 1%."""
+    far more than the bound). Each score carries q at about bf16's precision (2^-8 relative), which
+    at sm_scale 1 moves a near one-hot softmax's weights by a few per cent: 3% holds that, not 1%."""
     q, kv, idx = make(16, 64, 0, 2048, seed=11)
     out, lse = decode_on(target, q, kv, idx, 1.0, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, 1.0, return_lse=True)
