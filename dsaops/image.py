@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsaops import image_base, pins
+from dsaops import image_base, pins, wheel_tags
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
 
@@ -31,6 +31,8 @@ DOCKERFILE = IMAGES / "Dockerfile"
 IMAGE_NAME = "dsaops/sglang"
 STAGES = ("python", "engine", "patched", "app", "kernels", "runtime")
 _ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}  # docker platform -> wheel/uname machine
+# The oldest glibc an image base may have (Ubuntu 24.04 has 2.39): the wheels PyPI has are manylinux_2_34.
+IMAGE_GLIBC = (2, 34)
 
 
 @dataclass
@@ -200,20 +202,23 @@ def _pip(*args: str, env: dict | None = None) -> None:
 
 
 def sglang_wheel_for(target, pin: str) -> Path:
-    """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache."""
+    """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache.
+
+    The cache also holds the wheels other interpreters use (the tests take the host's): the choice
+    goes by the tags in the file names, never by which file a glob lists first."""
     machine = _ARCH[target.platform]
-    py = target.image_python.replace(".", "")
+    accepted = wheel_tags.linux_cpython_tags(target.image_python, machine, IMAGE_GLIBC)
     wheels = cache_dir("wheels")
-    pattern = f"sglang-{pin}-cp{py}-cp{py}-*_{machine}.whl"
-    found = sorted(wheels.glob(pattern))
-    if not found:
+    found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)
+    if found is None:
         _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
-             "--python-version", target.image_python, "--platform", f"manylinux_2_34_{machine}",
+             "--python-version", target.image_python, "--platform", f"manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]}_{machine}",
              f"sglang=={pin}", "-d", str(wheels))
-        found = sorted(wheels.glob(pattern))
-    if not found:
-        raise UserError(f"pip found no {pattern} on the package index; pass --sglang-wheel FILE")
-    return found[-1]
+        found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)
+    if found is None:
+        raise UserError(f"pip found no sglang {pin} wheel for CPython {target.image_python} on {machine}; "
+                        "pass --sglang-wheel FILE")
+    return found
 
 
 def source_files() -> list[str]:

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import dsaops.cache
+from dsaops import wheel_tags
 from dsaops.pins import SGLANG as SGLANG_VERSION
 
 
@@ -30,17 +31,28 @@ def _locked(name: str):
         yield
 
 
+def host_tags() -> list[tuple[str, str, str]]:
+    """The wheel tags this interpreter installs, best first (pip's own list)."""
+    from packaging.tags import sys_tags
+
+    return [(t.interpreter, t.abi, t.platform) for t in sys_tags()]
+
+
 def wheel(name: str, version: str) -> Path:
-    """Path of a cached name-version-*.whl for this machine (pip download --no-deps on first use)."""
+    """Path of a cached name-version wheel that this interpreter can install (pip download --no-deps
+    on first use). The cache also holds wheels for other platforms (`make image ARCH=sm_121` leaves
+    the aarch64 SGLang there): the choice goes by the tags in the file names."""
     wheels = cache_dir() / "wheels"
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     with _locked("wheel"):
-        found = sorted(wheels.glob(pattern))
-        if not found:
+        found = wheel_tags.best(wheels.glob(pattern), host_tags())
+        if found is None:
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}",
                             "-d", str(wheels)], check=True)
-            found = sorted(wheels.glob(pattern))
-    return found[0]
+            found = wheel_tags.best(wheels.glob(pattern), host_tags())
+    if found is None:
+        raise RuntimeError(f"pip downloaded no {name} {version} wheel that {sys.executable} can install")
+    return found
 
 
 def sglang_wheel() -> Path:

@@ -1,0 +1,74 @@
+"""One wheel cache, two consumers: `make image` takes the target's SGLang wheel, the tests their own.
+
+`make image ARCH=sm_121` leaves the aarch64 cp312 wheel in $DSAOPS_CACHE/wheels; the tests' helper
+and the image build must each still find the wheel that fits them. pip's own compatibility check
+(`pip install --dry-run`) is the judge of what this interpreter can install.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dsaops.image
+from dsaops import targets
+from dsaops.errors import UserError
+from dsaops.pins import SGLANG
+from tests.support import sglang_wheel
+
+MACHINE = os.uname().machine
+FOREIGN = {"aarch64": "x86_64", "x86_64": "aarch64"}[MACHINE]
+
+
+def pip_accepts(wheel) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", "-q",
+                           str(wheel)], capture_output=True, text=True, check=False, timeout=300)
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """A cache holding the real host wheel plus foreign-platform copies that a glob would list first."""
+    real = sglang_wheel.sglang_wheel()
+    monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "cache" / "wheels"
+    wheels.mkdir(parents=True)
+    names = {"host": real.name,
+             "aarch64_cp312": f"sglang-{SGLANG}-cp312-cp312-manylinux_2_34_{FOREIGN}.whl",
+             "other_python": f"sglang-{SGLANG}-cp310-cp310-manylinux_2_34_{MACHINE}.whl"}
+    for name in names.values():
+        (wheels / name).symlink_to(real)
+    assert min(names.values()) != names["host"]   # cp310 lists first: a first-listed pick would be wrong
+    return wheels, names
+
+
+def test_the_tests_take_the_wheel_pip_installs_here(planted):
+    wheels, names = planted
+    chosen = sglang_wheel.sglang_wheel()
+    assert chosen == wheels / names["host"]
+    assert pip_accepts(chosen).returncode == 0
+    # the negative control: pip itself refuses the foreign ones the helper passed over
+    for key in ("aarch64_cp312", "other_python"):
+        refused = pip_accepts(wheels / names[key])
+        assert refused.returncode != 0 and "is not a supported wheel on this platform" in refused.stderr, key
+
+
+def test_the_image_build_takes_the_targets_wheel_from_the_same_cache(tmp_path, monkeypatch):
+    """What `make image` finds next to the tests' wheels: each target's own, or a download."""
+    monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path))
+    (tmp_path / "wheels").mkdir()
+    cached = [f"sglang-{SGLANG}-cp311-cp311-manylinux_2_34_x86_64.whl",     # what this machine's tests use
+              f"sglang-{SGLANG}-cp312-cp312-manylinux_2_34_aarch64.whl"]    # what `make image ARCH=sm_121` left
+    for name in cached:
+        (tmp_path / "wheels" / name).touch()
+    downloads = []
+    monkeypatch.setattr(dsaops.image, "_pip", lambda *args, **kw: downloads.append(args))
+    assert dsaops.image.sglang_wheel_for(targets.get("sm_121"), SGLANG).name == cached[1]
+    assert not downloads
+    # sm_90 needs cp312 on x86_64, which the cache lacks: pip is asked for exactly that, not handed cp311
+    with pytest.raises(UserError, match="no sglang .* wheel for CPython 3.12 on x86_64"):
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    [args] = downloads
+    assert args[args.index("--python-version") + 1] == "3.12"
+    assert args[args.index("--platform") + 1] == "manylinux_2_34_x86_64"
