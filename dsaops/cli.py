@@ -24,14 +24,33 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """Argument errors in one line plus where the usage is, not the whole usage first; every
+    subcommand's parser is one of these (add_subparsers makes its parsers of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\nsee `{self.prog} --help`\n")
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """A subcommand without a description of its own says what its one-line help says."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                sub.description = sub.description or choice.help
+                _describe(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dsaops import __version__
 
-    parser = argparse.ArgumentParser(prog="dsaops", description=__doc__.splitlines()[0])
+    parser = Parser(prog="dsaops", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dsaops {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
+    _describe(parser)
     return parser
 
 
@@ -44,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as e:
-        print(f"dsaops {args.command}: {e}", file=sys.stderr)
+        for line in str(e).splitlines():   # several missing prerequisites: one line each
+            print(f"dsaops {args.command}: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

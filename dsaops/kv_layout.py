@@ -8,6 +8,7 @@ decode over the raw fp8 pool, for NoPE MLA (kv_lora_rank 512, no RoPE dims) on S
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 # _check_dsa_backend_constraints: the refusal for fp8 KV with tilelang on one side only.
@@ -17,6 +18,11 @@ MIXED_TILELANG_REFUSAL = ("CUDA TileLang FP8 KV requires both DSA backends to be
 ROCM_ONLY_REFUSAL = ("The triton DSA backend is only supported on ROCm/HIP. Pick an alternative DSA backend for CUDA "
                      "(flashmla_kv on Hopper, trtllm on Blackwell).")
 Q8_PREFILL = "flashmla_sparse_q8"
+# The choices of --dsa-prefill-backend and --dsa-decode-backend (srt/arg_groups/fields/exec_.py);
+# tests/dsaops compares them with the pinned source.
+PREFILL_BACKENDS = ("flashmla_sparse", "flashmla_sparse_q8", "flashmla_kv", "flashmla_auto", "flashinfer_sparse_mla",
+                    "triton_sparse_mla", "fa3", "tilelang", "triton", "aiter", "trtllm", "intel_xpu")
+DECODE_BACKENDS = tuple(b for b in PREFILL_BACKENDS if b != "triton_sparse_mla")
 _HIP_RAW_BACKENDS = ("tilelang", "triton", "aiter")
 
 
@@ -38,6 +44,16 @@ def normalize_kv_dtype(kv_cache_dtype: str) -> str:
     if kv_cache_dtype == "fp8_e4m3":
         return kv_cache_dtype
     raise ValueError(f"DSA models take --kv-cache-dtype bf16 or fp8_e4m3, not {kv_cache_dtype!r}")
+
+
+def check_backend_names(prefill: str | None, decode: str | None) -> None:
+    """Refuse a backend name SGLang does not define, as its argument parser would at launch."""
+    for flag, name, known in (("--dsa-prefill-backend", prefill, PREFILL_BACKENDS),
+                              ("--dsa-decode-backend", decode, DECODE_BACKENDS)):
+        if name is not None and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise BackendRefused(f"{flag} {name!r} is not a DSA backend{hint}; SGLang takes {', '.join(known)}")
 
 
 def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, hip: bool, sm_major: int) -> Backends:

@@ -37,8 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--enable-dp-attention", action="store_true", help="deprecated: use --attn-dp-size")
     p.add_argument("--attn-dp-size", type=int, default=None, help="attention-DP groups inside the TP group")
     p.add_argument("--kv-cache-dtype", required=True, choices=["bf16", "bfloat16", "fp8_e4m3"])
-    p.add_argument("--dsa-prefill-backend", help="default: what SGLang picks for the target and KV dtype")
-    p.add_argument("--dsa-decode-backend")
+    p.add_argument("--dsa-prefill-backend", help="e.g. tilelang (default: what SGLang picks for the target and KV "
+                   "dtype); SGLang's names only")
+    p.add_argument("--dsa-decode-backend", help="e.g. tilelang; as --dsa-prefill-backend")
     p.add_argument("--mem-fraction-static", type=float, required=True)
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU (GB10: what the GPU may use)")
     p.add_argument("--free-memory-gib", type=float, help="free memory per GPU after weights: the `avail mem=` "
@@ -173,6 +174,10 @@ def make_plan(req: PlanRequest) -> Plan:
     try:
         kv_dtype = kv_layout.normalize_kv_dtype(req.kv_cache_dtype)
     except ValueError as e:
+        raise UserError(str(e)) from None
+    try:
+        kv_layout.check_backend_names(req.dsa_prefill_backend, req.dsa_decode_backend)
+    except kv_layout.BackendRefused as e:
         raise UserError(str(e)) from None
     backends = kv_layout.resolve_backends(kv_dtype, req.dsa_prefill_backend, req.dsa_decode_backend, hip=hip,
                                           sm_major=int(target.compute_capability.split(".")[0] or 0))

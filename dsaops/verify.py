@@ -19,7 +19,9 @@ DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="acceptance probes against a server; `verify boot-gate` for the fp8 refusal",
-                       description=__doc__.splitlines()[0])
+                       description="After a deploy, ask the server fixed questions at temperature 0 and run "
+                                   "needle-in-a-haystack recall probes; exit 1 if any probe fails, times out or "
+                                   "errors. `dsaops verify boot-gate` checks that a wrong fp8 launch is refused.")
     p.add_argument("--server-url", help="e.g. http://HEAD:30000 (any OpenAI-compatible endpoint)")
     p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")
     ref = p.add_mutually_exclusive_group()
@@ -35,7 +37,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
     gate_sub = p.add_subparsers(dest="verify_command", metavar="boot-gate")
     g = gate_sub.add_parser("boot-gate", help="a launch with fp8 KV, tilelang prefill and flashmla_sparse decode "
-                            "must be refused at startup")
+                            "must be refused at startup",
+                            description="Launch the image (or --command) with fp8 KV, tilelang prefill and "
+                                        "flashmla_sparse decode; pass only when SGLang refuses it at startup with its "
+                                        "message. A launch that starts serving or keeps running fails, and is killed.")
     how = g.add_mutually_exclusive_group(required=True)
     how.add_argument("--image", help="docker run this image with the gate flags (needs a GPU host)")
     how.add_argument("--command", help="any launch command (a shell string) that should be refused")

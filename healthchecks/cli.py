@@ -34,7 +34,11 @@ def add_parser(sub) -> None:
     p.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="where the node's cgroup v2 tree is mounted")
     p.set_defaults(func=run_exporter)
 
-    h = sub.add_parser("healthcheck", help="container HEALTHCHECK: /health and the scheduler ranks, within 5 s")
+    h = sub.add_parser("healthcheck", help="container HEALTHCHECK: /health and the scheduler ranks, within 5 s",
+                       description="Exit 0 (healthy) when SGLang's /health answers 200 within --timeout and, with "
+                                   "--expect-ranks, that many scheduler ranks run on this node; else exit 1, naming "
+                                   "each problem on stderr. The image's HEALTHCHECK runs it; from the host, "
+                                   "--container adds what the Docker Engine says (restarting, exited, OOMKilled).")
     h.add_argument("--server-url", required=True, help="SGLang's HTTP address, e.g. http://127.0.0.1:30000")
     h.add_argument("--expect-ranks", type=int, help="scheduler ranks that must be alive on this node")
     h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for /health (default 3)")

@@ -33,7 +33,10 @@ def add_parser(sub) -> None:
     c.add_argument("--skip-unsupported", action="store_true",
                    help="on a target without dsaops kernels (ROCm), say so in one line and exit 0 (the image build)")
     c.set_defaults(func=run_compile)
-    s = ksub.add_parser("supports", help="exit 0 if sparse_mla_decode_fp8 handles this geometry, else 1")
+    s = ksub.add_parser("supports", help="exit 0 if sparse_mla_decode_fp8 handles this geometry, else 1",
+                        description="Say whether dsaops' fp8 decode kernel (sparse_mla_decode_fp8) handles a "
+                                    "geometry: exit 0 and 'supported', or exit 1 and 'not supported:' with each "
+                                    "value it cannot take and the values it can.")
     s.add_argument("--heads", type=int, required=True)
     s.add_argument("--d-qk", type=int, required=True, help="q/kv row width: d_v + d_tail")
     s.add_argument("--d-v", type=int, default=512)
@@ -96,11 +99,9 @@ def run_compile(args) -> int:
 
 
 def run_supports(args) -> int:
-    from dsaops.kernels.decode import decode_supported
-
-    ok = decode_supported(args.heads, args.d_qk, args.d_v, args.topk, args.kv_dtype)
-    print("supported" if ok else "not supported")
-    return 0 if ok else 1
+    unsupported = route.geometry_unsupported(args.heads, args.d_qk, args.d_v, args.topk, args.kv_dtype)
+    print(f"not supported: {'; '.join(unsupported)}" if unsupported else "supported")
+    return 1 if unsupported else 0
 
 
 def run_route(args) -> int:

@@ -72,12 +72,22 @@ class Decision:
         return f"{LINE_PREFIX}{self.batches}; reason={self.reason}: {self.detail}" + (f"; {where}" if where else "")
 
 
-def geometry_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> bool:
-    """Whether sparse_mla_decode_fp8 takes this geometry: d_v 512, d_tail 0 or 64, a raw e4m3fn pool,
-    1 to tiles.MAX_TOPK rows a query (decode.decode_supported is this)."""
+def geometry_unsupported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> list[str]:
+    """What keeps sparse_mla_decode_fp8 from this geometry, one phrase each with what it takes (empty:
+    supported): d_v 512, d_tail 0 or 64, a raw e4m3fn pool, 1 to tiles.MAX_TOPK rows a query."""
     kv_name = str(kv_dtype).removeprefix("torch.")
-    return (d_v == tiles.D_V and d_qk - d_v in tiles.D_TAILS and kv_name == KERNEL_FP8
-            and num_heads >= 1 and 1 <= topk <= tiles.MAX_TOPK)
+    checks = ((num_heads >= 1, f"heads {num_heads} (at least 1)"),
+              (d_v == tiles.D_V, f"d_v {d_v} ({tiles.D_V})"),
+              (d_qk - d_v in tiles.D_TAILS,
+               f"d_tail = d_qk - d_v = {d_qk - d_v} ({' or '.join(map(str, tiles.D_TAILS))})"),
+              (1 <= topk <= tiles.MAX_TOPK, f"top-k {topk} (1 to {tiles.MAX_TOPK})"),
+              (kv_name == KERNEL_FP8, f"kv dtype {kv_name} ({KERNEL_FP8}: no HIP kernels for e4m3fnuz)"))
+    return [why for ok, why in checks if not ok]
+
+
+def geometry_supported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> bool:
+    """Whether sparse_mla_decode_fp8 takes this geometry (decode.decode_supported is this)."""
+    return not geometry_unsupported(num_heads, d_qk, d_v, topk, kv_dtype)
 
 
 def kernel_sources(package: Path | None = None) -> list[Path]:

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from dsaops import kv_budget, model_geometry
+from dsaops import kv_budget, kv_layout, model_geometry
 from dsaops.cli import main
+from tests.support.sglang_definitions import cli_flags
 
 GLM = model_geometry.load_preset("glm-5.3-flash")
 GIB = 1 << 30
@@ -129,6 +130,20 @@ def test_q8_prefill_only_where_the_target_has_it(capsys):
     assert (h200["kv_layout"], h200["kv_bytes_per_token"]) == ("raw_fp8", 7_084)
     err = refused(["--target", "sm_121", *args], capsys)
     assert "flashmla_sparse_q8" in err and "SM90" in err
+
+
+@pytest.mark.parametrize("flag", ["--dsa-prefill-backend", "--dsa-decode-backend"])
+def test_a_mistyped_backend_is_refused_on_either_flag(flag, capsys):
+    argv = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    argv[argv.index(flag) + 1] = "tileleng"
+    err = refused(argv, capsys)
+    assert err.count("\n") == 1 and f"{flag} 'tileleng' is not a DSA backend (did you mean tilelang?)" in err
+
+
+def test_the_backend_names_are_sglangs():
+    flags = cli_flags()
+    assert list(kv_layout.PREFILL_BACKENDS) == flags["--dsa-prefill-backend"]
+    assert list(kv_layout.DECODE_BACKENDS) == flags["--dsa-decode-backend"]
 
 
 def test_mixed_tilelang_fp8_is_refused_with_sglangs_message(capsys):

@@ -180,7 +180,11 @@ def test_support_predicate(args, ok):
 def test_cli_supports_exit_codes(capsys):
     assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "512", "--topk", "2048"]) == 0
     assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "544", "--topk", "2048"]) == 1
-    assert capsys.readouterr().out.split() == ["supported", "not", "supported"]
+    assert capsys.readouterr().out.splitlines() == ["supported", "not supported: d_tail = d_qk - d_v = 32 (0 or 64)"]
+    assert dsaops_main(["kernels", "supports", "--heads", "0", "--d-qk", "512", "--topk", "2048",
+                        "--kv-dtype", "bfloat16"]) == 1
+    assert capsys.readouterr().out == ("not supported: heads 0 (at least 1); kv dtype bfloat16 "
+                                       "(raw fp8: float8_e4m3fn, float8_e4m3fnuz)\n")
 
 
 @pytest.mark.parametrize(("target", "message"), [("gfx942", "not an NVIDIA target"), ("sm_99", "valid targets")])

@@ -1,6 +1,5 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
-import ast
 import os
 import re
 import shlex
@@ -15,6 +14,7 @@ from dsaops import pins
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO
+from tests.support.sglang_definitions import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
@@ -158,32 +158,9 @@ def test_print_commands_needs_a_target():
     assert result.returncode != 0 and "set dsaops_target" in result.stderr
 
 
-def _sglang_flags(arg_groups) -> dict[str, list | None]:
-    """Every CLI flag the pinned SGLang defines (fields/*.py), with its choices where literal."""
-    flags = {}
-    for path in (arg_groups / "fields").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            names, choices = ["--" + node.target.id.replace("_", "-")], None
-            for call in ast.walk(node.annotation):
-                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Arg":
-                    for kw in call.keywords:
-                        if kw.arg == "cli_name":
-                            names[0] = ast.literal_eval(kw.value)
-                        elif kw.arg == "aliases":
-                            names += ast.literal_eval(kw.value)
-                        elif kw.arg == "choices" and isinstance(kw.value, ast.List):
-                            choices = ast.literal_eval(kw.value)
-            flags.update({name: choices for name in names})
-    return flags
-
-
 def test_generated_flags_exist_in_pinned_sglang(printed):
     """Every flag the playbooks render, and every flag the builder can write (all settings on)."""
-    from tests.support.sglang_wheel import sglang_source
-
-    flags = _sglang_flags(sglang_source() / "sglang/srt/arg_groups")
+    flags = cli_flags()
     assert "--dsa-prefill-backend" in flags and "--bogus-flag" not in flags       # the parser itself works
     commands = printed["dgx-spark-2x"].stdout + printed["h20-8gpu"].stdout
     launch = [line.strip().rstrip(" \\") for text in _nodes(commands).values()

@@ -86,3 +86,25 @@ def fake_modules(monkeypatch, modules: dict[str, dict]) -> None:
     """Make `from sglang.x.y import name` inside lifted code find these names."""
     for dotted, names in modules.items():
         monkeypatch.setitem(sys.modules, dotted, types.SimpleNamespace(**names))
+
+
+def cli_flags(root: Path | None = None) -> dict[str, list | None]:
+    """Every launch_server flag the pinned SGLang defines (srt/arg_groups/fields/*.py), with its
+    choices where they are a literal list."""
+    flags = {}
+    for path in source_file("srt/arg_groups/fields", root).glob("*.py"):
+        for node in ast.walk(_tree(path)):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            names, choices = ["--" + node.target.id.replace("_", "-")], None
+            for call in ast.walk(node.annotation):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Arg":
+                    for kw in call.keywords:
+                        if kw.arg == "cli_name":
+                            names[0] = ast.literal_eval(kw.value)
+                        elif kw.arg == "aliases":
+                            names += ast.literal_eval(kw.value)
+                        elif kw.arg == "choices" and isinstance(kw.value, ast.List):
+                            choices = ast.literal_eval(kw.value)
+            flags.update({name: choices for name in names})
+    return flags

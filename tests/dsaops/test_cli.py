@@ -1,0 +1,39 @@
+"""The `dsaops` console script: argument errors in one line, every subcommand says what it does."""
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from dsaops.cli import build_parser
+
+
+def _parsers(parser, path=("dsaops",)):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_subcommand_says_what_it_does():
+    found = dict(_parsers(build_parser()))
+    assert {("dsaops", "verify"), ("dsaops", "healthcheck"), ("dsaops", "kernels", "supports")} <= set(found)
+    for path, parser in found.items():
+        text = (parser.description or "").strip()
+        assert len(text) > 20 and not text.endswith((":", ",", ";")), f"{' '.join(path)}: {text!r}"
+
+
+@pytest.mark.parametrize("argv, message, command", [
+    (["plan", "--target"], "argument --target: expected one argument", "dsaops plan"),
+    (["plan", "--target", "sm_121"], "the following arguments are required: --nodes", "dsaops plan"),
+    (["image", "plan", "--arch", "sm_90", "--stage", "nope"], "argument --stage: invalid choice", "dsaops image plan"),
+    (["kernels", "supports", "--heads", "x"], "argument --heads: invalid int value: 'x'", "dsaops kernels supports"),
+    (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'", "dsaops"),
+])
+def test_an_argument_error_is_one_line_and_the_usage_hint(argv, message, command):
+    out = subprocess.run([sys.executable, "-m", "dsaops", *argv], capture_output=True, text=True, check=False)
+    assert out.returncode == 2 and not out.stdout
+    lines = out.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{command}: {message}"), out.stderr
+    assert lines[1] == f"see `{command} --help`"
