@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
 import os
 import platform
 import shlex
@@ -21,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsaops import image_base, pins, wheel_tags
+from dsaops import build_host, image_base, pins, wheel_tags
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
 
@@ -180,23 +179,6 @@ def render(p: Plan) -> str:
     return "\n".join(lines + [shell_lines(cmd) for cmd in p.commands])
 
 
-def check_engine() -> None:
-    """Raise UserError unless a docker CLI is installed and its engine answers."""
-    if not shutil.which("docker"):
-        raise UserError("no `docker` command here: install Docker Engine (https://docs.docker.com/engine/install/) "
-                        "and its buildx plugin, then run `make image` again")
-    try:
-        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], check=False,
-                             capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        out = None
-    if out is None or out.returncode != 0:
-        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-        said = (out.stderr.strip().splitlines() or [""])[-1] if out else "no answer within 60 s"
-        raise UserError(f"no Docker engine answers at {where} ({said}); start it (`sudo systemctl start docker`), "
-                        "add yourself to the `docker` group, or set DOCKER_HOST to a running engine; nothing was built")
-
-
 def _pip(*args: str, env: dict | None = None) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
 
@@ -324,10 +306,10 @@ def run(args) -> int:
 def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
     """Stage the context (the SGLang wheel: `sglang_wheel`, else the pinned one from the index) and
     run the plan's commands: 0 when the image was built, else the failing command's exit code."""
-    check_engine()
-    if importlib.util.find_spec("pip") is None:
-        raise UserError(f"{sys.executable} has no pip, which builds the project's wheel: install it "
-                        "(sudo apt-get install python3-pip) or run `make venv` first")
+    missing = build_host.problems(base=p.build_args["BASE_IMAGE"], platform=p.target.platform,
+                                  host_platform=_host_platform(), uses_buildx=p.commands[0][:2] == ["docker", "buildx"])
+    if missing:
+        raise UserError("\n".join(missing))
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
     wheel = None
