@@ -12,6 +12,11 @@ from dataclasses import dataclass
 GIB = 1 << 30
 MAMBA_FULL_MEMORY_RATIO = 0.9        # fields/schedule.py mamba_full_memory_ratio fallback
 VLM_CACHE_MB = 100                   # environ.py SGLANG_VLM_CACHE_SIZE_MB default
+# arg_groups/memory_hook.py handle_gpu_memory_settings: SGLang's own estimate of the activations
+# beside the pools, 512 MiB plus 1.5 MiB a prefill token, counting at least 2048 tokens.
+ACTIVATION_BASE_MIB = 512
+ACTIVATION_MIB_PER_TOKEN = 1.5
+ACTIVATION_MIN_TOKENS = 2048
 
 
 class NotEnoughMemory(ValueError):
@@ -77,3 +82,17 @@ def kv_pool_tokens(kv_bytes: float, *, cell_bytes: int, page_tokens: int) -> int
         raise NotEnoughMemory("not enough memory for the KV cache: raise --mem-fraction-static "
                               "(SGLang: 'Not enough memory. Please try to increase --mem-fraction-static.')")
     return tokens
+
+
+def activation_gib(prefill_tokens: int) -> float:
+    """SGLang's estimate of the activation memory a prefill chunk of this many tokens needs."""
+    return (ACTIVATION_BASE_MIB + ACTIVATION_MIB_PER_TOKEN * max(prefill_tokens, ACTIVATION_MIN_TOKENS)) / 1024
+
+
+def prefill_chunk(limit: int, slack_gib: float) -> int:
+    """The prefill chunk for a target whose table bounds it at `limit` tokens: halved until SGLang's
+    activation estimate fits in the memory outside the pools (`slack_gib`), down to 2048 at least."""
+    chunk = limit
+    while chunk > ACTIVATION_MIN_TOKENS and activation_gib(chunk) > slack_gib:
+        chunk //= 2
+    return chunk

@@ -31,6 +31,8 @@ class ClusterSpec:
     mamba_full_memory_ratio: float | None = None
     mamba_ssm_dtype: str = "float32"
     speculative_num_draft_tokens: int | None = None   # MTP: NextN layers as the EAGLE draft
+    chunked_prefill_size: int | None = None  # most tokens one prefill chunk takes (the target's bound)
+    served_model_name: str | None = None     # the model id clients see, when --model-path is a local folder
     enable_metrics: bool = False             # Prometheus /metrics on the server port
 
 
@@ -69,9 +71,12 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
                         ("--max-running-requests", spec.max_running_requests),
                         ("--max-mamba-cache-size", spec.max_mamba_cache_size),
                         ("--mamba-full-memory-ratio", spec.mamba_full_memory_ratio),
-                        ("--speculative-num-draft-tokens", spec.speculative_num_draft_tokens)):
+                        ("--speculative-num-draft-tokens", spec.speculative_num_draft_tokens),
+                        ("--chunked-prefill-size", spec.chunked_prefill_size)):
         if value is not None:
             out += [flag, _number(value)]
+    if spec.served_model_name:
+        out += ["--served-model-name", spec.served_model_name]
     if spec.mamba_ssm_dtype != "float32":
         out += ["--mamba-ssm-dtype", spec.mamba_ssm_dtype]
     if spec.speculative_num_draft_tokens:

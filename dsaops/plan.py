@@ -148,6 +148,7 @@ class Plan:
     binding_limit: str                       # request | dp_split | kv | mamba (dsaops.concurrency)
     kv_running_requests_cap: int
     context_length: int
+    prefill_chunk_tokens: int | None         # --chunked-prefill-size: the target's bound, fitted to the slack (None: SGLang's)
     parallel: Parallel
     memory: Memory
     sglang_args: list[str]                   # the cluster-wide launch flags (dsaops.launch_args.cluster_args)
@@ -212,13 +213,14 @@ def make_plan(req: PlanRequest) -> Plan:
                     slack_gib=round(pre_load * (1 - req.mem_fraction_static), 3),
                     rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
                     kv_budget_gib=round(kv_gib, 3))
+    chunk = kv_budget.prefill_chunk(target.chunked_prefill_size, memory.slack_gib) if target.chunked_prefill_size else None
     spec = launch_args.ClusterSpec(
         tp_size=par.tp_size, dp_size=par.dp_size, attn_dp_size=par.attn_dp_size, nnodes=req.nodes,
         kv_cache_dtype=kv_dtype, dsa_prefill_backend=backends.prefill, dsa_decode_backend=backends.decode,
         mem_fraction_static=req.mem_fraction_static, context_length=req.context_length,
         max_running_requests=req.max_running_requests, max_mamba_cache_size=req.max_mamba_cache_size,
         mamba_full_memory_ratio=req.mamba_full_memory_ratio, mamba_ssm_dtype=req.mamba_ssm_dtype,
-        speculative_num_draft_tokens=req.speculative_num_draft_tokens)
+        speculative_num_draft_tokens=req.speculative_num_draft_tokens, chunked_prefill_size=chunk)
     return Plan(
         model=model.name, target=target.name,
         kv_layout=layout, kv_cache_dtype=kv_dtype,
@@ -237,9 +239,11 @@ def make_plan(req: PlanRequest) -> Plan:
         binding_limit=conc.binding,
         kv_running_requests_cap=conc.kv_cap,
         context_length=context,
+        prefill_chunk_tokens=chunk,
         parallel=par, memory=memory,
         sglang_args=launch_args.cluster_args(spec),
-        warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req),
+        warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req)
+        + _prefill_warnings(target, chunk, memory.slack_gib),
         assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else []),
     )
 
@@ -347,6 +351,20 @@ def _warnings(req: PlanRequest, par: Parallel, conc, tokens, context, backends, 
     return out
 
 
+def _prefill_warnings(target, chunk: int | None, slack_gib: float) -> list[str]:
+    if chunk is None:
+        return []
+    if kv_budget.activation_gib(chunk) > slack_gib:
+        return [(f"the memory left outside the pools ({slack_gib:.2f} GiB a GPU) is less than SGLang's own activation "
+                f"estimate for a {chunk}-token prefill chunk ({kv_budget.activation_gib(chunk):.2f} GiB): a long "
+                "prompt can exhaust memory; lower --mem-fraction-static")]
+    if chunk < target.chunked_prefill_size:
+        return [(f"prefill chunks lowered from {target.name}'s {target.chunked_prefill_size} to {chunk} tokens "
+                f"(--chunked-prefill-size) to fit SGLang's activation estimate in the {slack_gib:.2f} GiB left outside "
+                "the pools; lower --mem-fraction-static to keep longer chunks")]
+    return []
+
+
 def render(p: Plan) -> str:
     c, m, par = p.kv_bytes_per_token_detail, p.memory, p.parallel
     lines = [
@@ -370,6 +388,10 @@ def render(p: Plan) -> str:
                      f"{p.mamba_state_slots_per_request} slots a request -> cap {p.mamba_running_requests_cap}")
     lines.append(f"running requests {p.max_running_requests_per_dp} per DP rank (requested "
                  f"{p.max_running_requests_requested or 'default'}; binding: {p.binding_limit})")
+    if p.prefill_chunk_tokens:
+        lines.append(f"prefill chunks   {p.prefill_chunk_tokens:,} tokens at most ({p.target}'s bound; SGLang's "
+                     f"activation estimate {kv_budget.activation_gib(p.prefill_chunk_tokens):.2f} GiB of the "
+                     f"{m.slack_gib:.2f} GiB slack)")
     lines += [f"WARNING: {w}" for w in p.warnings]
     lines += [f"note: {a}" for a in p.assumptions]
     lines.append("sglang args: " + " ".join(p.sglang_args))

@@ -36,6 +36,8 @@ class Target:
     features: tuple[str, ...]
     dsaops_decode: str      # "default", "selftest" or "never" (dsaops.kernels.route reads it)
     decode_evidence: str    # the measurement behind dsaops_decode, said in the server's log
+    chunked_prefill_size: int       # most tokens a prefill chunk takes; 0: SGLang's own choice
+    server_env: dict[str, str]      # environment the server container gets on this target
 
     def has(self, feature: str) -> bool:
         return feature in self.features

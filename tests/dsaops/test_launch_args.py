@@ -75,7 +75,7 @@ def test_the_plan_reports_the_cluster_flags(capsys):
                                  mem_fraction_static=0.8, gpu_memory_gib=115, weights_gib=140, max_running_requests=16))
     assert plan.sglang_args == cluster_args(ClusterSpec(
         tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang", dsa_decode_backend="tilelang",
-        mem_fraction_static=0.8, max_running_requests=16))
+        mem_fraction_static=0.8, max_running_requests=16, chunked_prefill_size=4096))   # GB10's prefill bound
     assert plan.to_json()["sglang_args"] == plan.sglang_args
 
 

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +216,73 @@ def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
     assert not any("--mamba-ssm-dtype bfloat16" in w for w in spec["warnings"])   # already bf16
     assert "--speculative-algorithm" in spec["sglang_args"] and any("DFLASH" in a for a in spec["assumptions"])
     assert "--max-running-requests" in refused([*sparks, "--speculative-num-draft-tokens", "6"], capsys)
+
+
+# Seed 000's two-Spark validation (sgl-project/sglang PR "[DSA] Enable tilelang fp8_e4m3 KV cache on CUDA (raw
+# layout)", the 2x DGX Spark comment): GLM-5.3-Flash NVFP4, TP 2 over two GB10s, "KV pool: 85,376 -> 161,600
+# tokens (+89 %) at identical settings (mem-fraction 0.94, ctx 57,344, max-running-requests 4, DFLASH block 6,
+# mamba-ssm bf16)". These flags are every input the seed gives; it logs no `avail mem=` and no drafter geometry.
+GB10_SEED = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", *TILELANG,
+             "--mem-fraction-static", "0.94", "--context-length", "57344", "--max-running-requests", "4",
+             "--mamba-ssm-dtype", "bfloat16"]
+GB10_POOLS = {"bf16": 85_376, "fp8_e4m3": 161_600}
+
+
+def _gb10(dtype, free_gib, capsys):
+    return plan([*GB10_SEED, "--kv-cache-dtype", dtype, "--gpu-memory-gib", "119", "--free-memory-gib",
+                 str(free_gib)], capsys)["kv_pool_tokens_per_rank"]
+
+
+def test_gb10_seed_pools_are_not_reproduced_from_the_seeds_inputs(capsys):
+    """Not reproduced, and this test says why. Both arms share one memory budget (same settings, the same
+    mamba pool), so the plan's pools stand in the ratio of the cells, 12,716 / 7,084 = 1.795, for any
+    free memory; the seed's pools stand at 1.893. Fitting the one unknown (free memory after weights) to
+    the bf16 pool leaves the fp8 pool 5% short, far outside 0.5%. The gap is the DFLASH drafter's own KV
+    pool, which SGLang sizes into the same budget (pool_configurator.py, scale_kv_cell_size_per_token_for_dflash)
+    in the target's KV dtype (kv_cache_dtype.py, configure_kv_cache_dtype): the two figures imply about 6.4 kB
+    a token of it in fp8, a drafter geometry the seed does not report, so no input taken from the seed
+    reproduces both pools."""
+    seed_ratio = GB10_POOLS["fp8_e4m3"] / GB10_POOLS["bf16"]
+    assert round(seed_ratio, 3) == 1.893
+    for free in (8.0, 9.0, 11.0):                                   # whatever the free memory ...
+        ratio = _gb10("fp8_e4m3", free, capsys) / _gb10("bf16", free, capsys)
+        assert abs(ratio - 12_716 / 7_084) < 0.002                   # ... one budget gives the cells' ratio
+    # the free memory that makes the bf16 pool come out (a fitted input): the fp8 pool then misses by > 4%
+    low, high = 7.0, 12.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _gb10("bf16", mid, capsys) < GB10_POOLS["bf16"] else (low, mid)
+    assert within(_gb10("bf16", high, capsys), GB10_POOLS["bf16"], 0.005)
+    fp8 = _gb10("fp8_e4m3", high, capsys)
+    assert not within(fp8, GB10_POOLS["fp8_e4m3"], 0.04) and fp8 < GB10_POOLS["fp8_e4m3"]
+    # the drafter KV per token (fp8 bytes; twice that in bf16) that would close the gap: x solves
+    # 85,376 x (12,716 + 2x) = 161,600 x (7,084 + x)
+    x = (GB10_POOLS["fp8_e4m3"] * 7_084 - GB10_POOLS["bf16"] * 12_716) / (2 * GB10_POOLS["bf16"] - GB10_POOLS["fp8_e4m3"])
+    assert 6_200 < x < 6_700
+
+
+def test_gb10_prefill_chunks_are_bounded_and_fitted_to_the_slack(capsys):
+    """sm_121's table bound (4096) goes into the launch flags; a thinner slack halves it, a slack below
+    SGLang's estimate for 2048 tokens is a warning; targets without a bound leave SGLang's choice."""
+    def gb10(fraction):
+        return plan([*GB10_SEED[:-4], "--kv-cache-dtype", "fp8_e4m3", "--gpu-memory-gib", "119",
+                     "--free-memory-gib", "20", "--mem-fraction-static", fraction], capsys)
+
+    roomy = gb10("0.9")                                               # 11.1 GiB outside the pools
+    args = roomy["sglang_args"]
+    assert roomy["prefill_chunk_tokens"] == 4096 and args[args.index("--chunked-prefill-size") + 1] == "4096"
+    thin = gb10("0.955")                                              # 5.0 GiB: 4096 tokens' 6.5 GiB do not fit
+    assert thin["prefill_chunk_tokens"] == 2048 and any("lowered from sm_121's 4096 to 2048" in w for w in thin["warnings"])
+    starved = gb10("0.98")
+    assert any("less than SGLang's own activation estimate" in w for w in starved["warnings"])
+    h20 = plan([*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"], capsys)
+    assert h20["prefill_chunk_tokens"] is None and "--chunked-prefill-size" not in h20["sglang_args"]
+
+
+def test_the_readme_quotes_what_the_plan_says(capsys):
+    """The README's statement about --max-running-requests 256 on 8xH20 is the tool's own line."""
+    p = plan([*H20, "--dp-size", "8", "--enable-dp-attention", "--kv-cache-dtype", "fp8_e4m3", *TILELANG,
+              "--free-memory-gib", "89.5", "--max-running-requests", "256"], capsys)
+    line = f"running requests {p['max_running_requests_per_dp']} per DP rank (requested 256; binding: {p['binding_limit']})"
+    assert line == "running requests 32 per DP rank (requested 256; binding: dp_split)"
+    assert f"`{line}`" in (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -293,3 +293,19 @@ def _our_mamba(rest, slot, dp, size, running, radix_off, draft):
                                 max_mamba_cache_size=size,
                                 max_running_requests=running, disable_radix_cache=radix_off, full_memory_ratio=0.9,
                                 draft_tokens=draft)
+
+
+def test_activation_estimate_is_handle_gpu_memory_settings():
+    """The prefill bound fits SGLang's own activation estimate (memory_hook.py), statement for statement."""
+    import ast
+
+    from tests.support.sglang_definitions import source_file
+
+    fn = next(n for n in ast.walk(ast.parse(source_file("srt/arg_groups/memory_hook.py").read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "handle_gpu_memory_settings")
+    code = {ast.unparse(n) for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign))}
+    assert f"reserved_mem = {kv_budget.ACTIVATION_BASE_MIB}" in code
+    assert f"reserved_mem += activation_tokens * {kv_budget.ACTIVATION_MIB_PER_TOKEN}" in code
+    assert f"activation_tokens = max(cfg.chunked_prefill_size, {kv_budget.ACTIVATION_MIN_TOKENS})" in code
+    assert kv_budget.activation_gib(4096) == (512 + 1.5 * 4096) / 1024
+    assert kv_budget.activation_gib(1024) == kv_budget.activation_gib(2048)   # SGLang counts at least 2048

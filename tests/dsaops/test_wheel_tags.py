@@ -6,7 +6,7 @@ from packaging.tags import compatible_tags, cpython_tags
 
 from dsaops.wheel_tags import best, linux_cpython_tags, wheel_tags
 
-SGLANG = "sglang-0.5.23-cp312-cp312-manylinux_2_34_aarch64.whl"
+SGLANG = "pkg-9.9-cp312-cp312-manylinux_2_34_aarch64.whl"
 
 
 def test_a_wheel_name_carries_its_tag_sets():
@@ -33,13 +33,13 @@ def test_target_tags_are_packagings_for_the_same_platforms(python, machine):
 
 
 def test_best_takes_the_fitting_wheel_not_the_first_listed():
-    names = ["sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl", SGLANG,
-             "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl", "notes.txt"]
+    names = ["pkg-9.9-cp311-cp311-manylinux_2_34_x86_64.whl", SGLANG,
+             "pkg-9.9-cp312-cp312-manylinux_2_34_x86_64.whl", "notes.txt"]
     paths = [Path("/cache") / n for n in names]
     assert best(paths, linux_cpython_tags("3.12", "aarch64", (2, 34))).name == SGLANG
     assert best(paths, linux_cpython_tags("3.12", "x86_64", (2, 34))).name == names[2]
     assert best(paths, linux_cpython_tags("3.11", "x86_64", (2, 34))).name == names[0]
     assert best(paths, linux_cpython_tags("3.13", "x86_64", (2, 34))) is None
     assert best(paths, linux_cpython_tags("3.12", "x86_64", (2, 31))) is None   # manylinux_2_34 needs glibc 2.34
-    abi3 = Path("sgl_flash_mla-1.0.0-cp310-abi3-manylinux2014_x86_64.whl")
+    abi3 = Path("abi3pkg-9.9-cp310-abi3-manylinux2014_x86_64.whl")
     assert best([abi3], linux_cpython_tags("3.12", "x86_64", (2, 34))) == abi3

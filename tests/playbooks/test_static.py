@@ -76,14 +76,15 @@ def test_print_commands_dgx_spark_2x(printed):
                          "--dsa-decode-backend tilelang", "--enable-metrics", f"SGLANG_HOST_IP={address}",
                          "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                          "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
-                         "NCCL_CUMEM_ENABLE=0", "--network host", "--ipc host", image_name("sm_121")):
+                         "NCCL_CUMEM_ENABLE=0", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                         "--network host", "--ipc host", image_name("sm_121")):
             assert expected in text, (name, expected)
 
 
 # The inventories' settings, as dsaops.launch_args specs: what each node's command must be.
 SPARKS = ClusterSpec(tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                      dsa_decode_backend="tilelang", mem_fraction_static=0.8, max_running_requests=16,
-                     enable_metrics=True)
+                     chunked_prefill_size=4096, enable_metrics=True)   # GB10's prefill bound, from its plan
 H20 = ClusterSpec(tp_size=8, attn_dp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                   dsa_decode_backend="tilelang", mem_fraction_static=0.85, max_running_requests=240,
                   enable_metrics=True)
@@ -136,7 +137,8 @@ def test_print_commands_h20_8gpu(printed):
     (text,) = _nodes(result.stdout).values()
     for expected in ("--tp-size 8", "--attn-dp-size 8", "--max-running-requests 240", image_name("sm_90")):
         assert expected in text, expected
-    for absent in ("--nnodes", "--enable-dp-attention", "NCCL_CUMEM_ENABLE"):   # one node; new DP spelling; not GB10
+    for absent in ("--nnodes", "--enable-dp-attention", "NCCL_CUMEM_ENABLE", "PYTORCH_CUDA_ALLOC_CONF",
+                   "--chunked-prefill-size"):   # one node; new DP spelling; not GB10
         assert absent not in text, absent
 
 

@@ -3,8 +3,10 @@
 Every role depends on the dsaops role, so Ansible loads these wherever the roles run.
 
   preflight_cluster | dsaops_sglang_args(nnodes=, node_rank=, dist_init_addr=, host=,
-                                         enable_metrics=, extra_args=)
-      one node's whole `sglang.launch_server` argument list (dsaops.launch_args)
+                                         enable_metrics=, target=, plan=, extra_args=, model_path=,
+                                         served_model_name=)
+      one node's whole `sglang.launch_server` argument list (dsaops.launch_args); the prefill
+      bound is the plan's (fitted to its memory) or, without a plan, the targets table's
   preflight_cluster | dsaops_plan(target=, nodes=)
       {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}
   dsaops_target | dsaops_image(registry=)
@@ -28,6 +30,7 @@ if (_CHECKOUT / "dsaops" / "__init__.py").is_file() and str(_CHECKOUT) not in sy
 # importable only once the checkout is on the path
 from dsaops.healthchecks import deploy, scrape
 
+from dsaops import targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -42,14 +45,17 @@ def _float(value):
     return None if value is None else float(value)
 
 
-def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metrics, extra_args=()):
+def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metrics, target, plan=None, extra_args=(),
+                model_path=None, served_model_name=None):
+    chunk = plan["prefill_chunk_tokens"] if plan else targets.get(str(target)).chunked_prefill_size or None
     spec = ClusterSpec(
         tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]), ep_size=int(cluster["ep_size"]),
         nnodes=int(nnodes), kv_cache_dtype=str(cluster["kv_cache_dtype"]),
         dsa_prefill_backend=str(cluster["dsa_prefill_backend"]), dsa_decode_backend=str(cluster["dsa_decode_backend"]),
         mem_fraction_static=_float(cluster["mem_fraction_static"]),
-        max_running_requests=_int(cluster["max_running_requests"]), enable_metrics=bool(enable_metrics))
-    node = NodeSpec(model_path=str(cluster["model_path"]), host=str(host), port=int(cluster["server_port"]),
+        max_running_requests=_int(cluster["max_running_requests"]), chunked_prefill_size=_int(chunk),
+        served_model_name=str(served_model_name) if served_model_name else None, enable_metrics=bool(enable_metrics))
+    node = NodeSpec(model_path=str(model_path or cluster["model_path"]), host=str(host), port=int(cluster["server_port"]),
                     node_rank=int(node_rank), dist_init_addr=str(dist_init_addr),
                     extra_args=tuple(str(a) for a in extra_args))
     return launch_args(spec, node)
