@@ -6,10 +6,12 @@ this machine and prints it, touching no host.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -45,6 +47,32 @@ def resolve_inventory(name: str) -> Path:
     raise UserError(f"inventory {name!r} not found; give a file or one of: {known}")
 
 
+def _members(listing: dict, group: str) -> set[str]:
+    """Hosts of `group` in `ansible-inventory --list` output, through its child groups."""
+    entry = listing.get(group, {})
+    return set(entry.get("hosts", [])).union(*(_members(listing, child) for child in entry.get("children", [])))
+
+
+def check_inventory(inventory: Path, path: str) -> set[str]:
+    """The inventory's hosts; stops before Ansible runs when it has no serving hosts (Ansible itself
+    skips every play of an empty or unreadable inventory and reports success)."""
+    listed = subprocess.run([shutil.which("ansible-inventory", path=path) or "ansible-inventory", "-i", str(inventory),
+                             "--list"], capture_output=True, text=True, check=False, timeout=120,
+                            env=os.environ | {"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path})
+    try:
+        listing = json.loads(listed.stdout)
+    except json.JSONDecodeError:
+        listing = {}
+    if not _members(listing, "dsaops_cluster"):
+        unreadable = "Unable to parse" in listed.stderr
+        why = "Ansible cannot read it as an inventory" if unreadable else "it puts no host in group dsaops_cluster"
+        raise UserError(f"{inventory}: {why}; give an inventory with the dsaops groups (dsaops_cluster with "
+                        f"dsaops_head and dsaops_workers), e.g. {INVENTORIES / 'dgx-spark-2x.yml'}")
+    if not _members(listing, "dsaops_head"):
+        raise UserError(f"{inventory}: no host in group dsaops_head; put the node of rank 0 there")
+    return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
+
+
 def run(args) -> int:
     return deploy(args.inventory, check=args.check, print_commands=args.print_commands, tags=args.tags,
                   limit=args.limit, extra_vars=args.extra_vars, verbose=args.verbose)
@@ -71,6 +99,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     if not shutil.which("ansible-playbook", path=path):
         raise UserError("ansible-playbook is not installed: pip install 'dsaops[deploy]'")
+    hosts = check_inventory(inventory_path, path)
 
     cmdline = []
     for extra in extra_vars:
@@ -110,7 +139,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
             print_rendered(out)
             return 0
         if not print_commands:
-            print_summary(result.stats or {}, check=check)
+            print_summary(result.stats or {}, check=check, hosts=hosts)
         if failed:
             print(f"dsaops deploy: failed ({len(progress.failures)} failure(s) above); nothing after them ran",
                   file=sys.stderr)
@@ -147,16 +176,17 @@ class Progress:
         return True  # keep the event: the run's stats (the summary) are read back from the events
 
 
-def print_summary(stats: dict, check: bool) -> None:
+def print_summary(stats: dict, check: bool, hosts: set[str]) -> None:
+    """One row per inventory host (the inventory check on the controller's localhost is not one)."""
     columns = (("ok", "ok"), ("changed", "changed"), ("failures", "failed"), ("dark", "unreachable"),
                ("skipped", "skipped"))
-    hosts = sorted({h for key, _ in columns for h in stats.get(key, {})})
+    shown = sorted({h for key, _ in columns for h in stats.get(key, {})} & hosts)
     print(f"\n{'host':<24}" + "".join(f"{title:>12}" for _, title in columns))
-    for host in hosts:
+    for host in shown:
         print(f"{host:<24}" + "".join(f"{stats.get(key, {}).get(host, 0):>12}" for key, _ in columns))
-    changes = sum(stats.get("changed", {}).values())
+    changes = sum(stats.get("changed", {}).get(host, 0) for host in shown)
     verb = "would change" if check else "changed"
-    print(f"summary: {len(hosts)} host(s), {verb} {changes} thing(s)"
+    print(f"summary: {len(shown)} host(s), {verb} {changes} thing(s)"
           f"{'' if changes or check else ' (already as wanted)'}")
 
 

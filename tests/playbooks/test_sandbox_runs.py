@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from dsaops.cli import build_parser
 from dsaops.image import image_name
@@ -188,4 +189,20 @@ def test_taken_port_stops_before_any_change(sandbox, cluster, tmp_path):
         listener.wait()
     assert result.returncode != 0
     assert "node1: port(s) 30000 already in use by another process" in " ".join(result.stdout.split())
+    assert snapshot(tmp_path / "roots") == before
+
+
+def test_an_inventory_without_the_dsaops_groups_touches_no_host(sandbox, cluster, tmp_path):
+    """Reachable hosts, but not in dsaops_cluster: both entry points stop on the controller, no host changes."""
+    _, roots = cluster
+    inventory = tmp_path / "servers.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"servers": {"hosts": {
+        name: sandbox.host_vars(name, roots[name]) for name in ("node1", "node2")}}}}}))
+    before = snapshot(tmp_path / "roots")
+    played = sandbox.playbook(inventory, tmp_path / "run-play")
+    assert played.returncode == 2, played.stdout[-3000:]
+    assert "no host in group dsaops_cluster (groups found: servers" in " ".join(played.stdout.split())
+    assert set(recap(played.stdout)) == {"localhost"}
+    deployed = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-deploy")
+    assert deployed.returncode == 2 and "it puts no host in group dsaops_cluster" in deployed.stderr
     assert snapshot(tmp_path / "roots") == before

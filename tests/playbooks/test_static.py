@@ -13,7 +13,7 @@ import yaml
 from dsaops import pins
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
-from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, recap
 from tests.support.sglang_definitions import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
@@ -190,6 +190,29 @@ def test_generated_flags_exist_in_pinned_sglang(printed):
 def test_deploy_refuses_bad_input(argv, message):
     result = _run(sys.executable, "-m", "dsaops", "deploy", *argv)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("inventory, says", [
+    ("README.md", "README.md: Ansible cannot read it as an inventory"),
+    ("ini", "it puts no host in group dsaops_cluster"),
+])
+def test_deploy_stops_on_an_inventory_without_serving_hosts(tmp_path, inventory, says):
+    if inventory == "ini":
+        inventory = tmp_path / "other.ini"
+        inventory.write_text("[other]\nsomewhere ansible_connection=local\n")
+    result = _run(sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory), "--check")
+    assert result.returncode == 2 and says in result.stderr and "dsaops_head and dsaops_workers" in result.stderr
+    assert result.stderr.count("\n") == 1 and "summary" not in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("playbook", ["cluster.yml", "print-commands.yml"])
+def test_ansible_playbook_stops_on_a_missing_inventory(tmp_path, playbook):
+    """Ansible alone runs no play of an unreadable inventory and exits 0; the first play stops it."""
+    result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "nosuch.yml"), str(PLAYBOOKS / playbook),
+                  "--tags", "preflight")
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "nosuch.yml: no host in group dsaops_cluster (groups found: none" in " ".join(result.stdout.split())
+    assert recap(result.stdout) == {"localhost": {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1}}
 
 
 def _detect(tmp_path, target: str, smi_output: str):
