@@ -8,6 +8,7 @@ prefix (dsaops_root) and fakes the kernel files the roles read and write there (
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -46,6 +47,7 @@ class Sandbox:
         self.key = workdir / "client_key"
         self.namespaces: list[str] = []
         self.sshds: list[subprocess.Popen] = []
+        self._runs = itertools.count()
 
     def ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True)
@@ -81,7 +83,8 @@ class Sandbox:
         pidfile = d / "sshd.pid"
         (d / "sshd_config").write_text(
             f"ListenAddress {host['address']}\nPort 22\nHostKey {d / 'hostkey'}\nPidFile {pidfile}\n"
-            f"AuthorizedKeysFile {self.key}.pub\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            f"AuthorizedKeysFile {self.key}.pub {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+            "PasswordAuthentication no\n"
             "StrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\n")
         # -D: sshd stays our child (ip netns exec execs it), so stop() can reap it.
         proc = subprocess.Popen(["ip", "netns", "exec", host["ns"], SSHD, "-D", "-f", str(d / "sshd_config")])
@@ -118,6 +121,17 @@ class Sandbox:
 
     # --- per test -------------------------------------------------------------------------
 
+    def bind_root(self, name: str, root: Path) -> None:
+        """Give a host's root prefix the SSH files a real host has: its host key where the transfer
+        role reads it, and the authorized_keys under the prefix that its sshd honours (beside the
+        controller's key), so node-to-node copies log in with the keys the roles authorize."""
+        d = self.workdir / f"sshd-{name}"
+        (root / "etc/ssh").mkdir(parents=True, exist_ok=True)
+        shutil.copy(d / "hostkey.pub", root / "etc/ssh/ssh_host_ed25519_key.pub")
+        link = d / "authorized_keys"
+        link.unlink(missing_ok=True)
+        link.symlink_to(root / "root/.ssh/authorized_keys")
+
     def host_vars(self, name: str, root: Path) -> dict:
         return {"ansible_host": self.hosts[name]["address"], "ansible_user": "root",
                 "ansible_ssh_private_key_file": str(self.key),
@@ -126,21 +140,24 @@ class Sandbox:
                 "dsaops_root": str(root), "dsaops_cluster_address": self.hosts[name]["address"]}
 
     def env(self, run_dir: Path) -> dict:
-        for sub in ("home", "remote", "local", "cp"):
+        for sub in ("home", "remote", "local"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        # A socket path has at most 107 bytes: the control sockets go under the short session folder.
+        control = self.workdir / f"cp{next(self._runs)}"
+        control.mkdir()
         return {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_HOME": str(run_dir / "home"),
                 "ANSIBLE_REMOTE_TMP": str(run_dir / "remote"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "local"),
-                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(run_dir / "cp"), "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control), "ANSIBLE_NOCOLOR": "1",
                 "ANSIBLE_HOST_KEY_CHECKING": "False", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
-    def run(self, argv: list[str], run_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-        """A command in the controller namespace (ansible-playbook, dsaops deploy)."""
-        return subprocess.run(["ip", "netns", "exec", self.ctl, *argv], cwd=REPO, env=self.env(run_dir),
+    def run(self, argv: list[str], run_dir: Path, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+        """A command in the controller namespace (ansible-playbook, dsaops deploy); `env` adds to its environment."""
+        return subprocess.run(["ip", "netns", "exec", self.ctl, *argv], cwd=REPO, env=self.env(run_dir) | (env or {}),
                               check=False, capture_output=True, text=True, timeout=timeout)
 
-    def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml"):
+    def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml", env: dict | None = None):
         return self.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), *args],
-                        run_dir)
+                        run_dir, env=env)
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
@@ -157,11 +174,18 @@ def fake_kernel(root: Path, sshd_pid: int, memtotal_kib: int = 127_000_000, memf
     for key, value in {"min_free_kbytes": 67584, "vfs_cache_pressure": 100, "watermark_boost_factor": 15000,
                        "drop_caches": 0, "compact_memory": 0}.items():
         (vm / key).write_text(f"{value}\n")
-    (root / "proc/meminfo").write_text(f"MemTotal:       {memtotal_kib} kB\nMemFree:        {memfree_kib} kB\n")
+    write_meminfo(root, memtotal_kib, memfree_kib)
     (root / "run").mkdir()
     (root / "run/sshd.pid").write_text(f"{sshd_pid}\n")
     (root / f"proc/{sshd_pid}").mkdir()
     (root / f"proc/{sshd_pid}/oom_score_adj").write_text("0\n")
+
+
+def write_meminfo(root: Path, memtotal_kib: int, memfree_kib: int, available_kib: int | None = None) -> None:
+    """A host's /proc/meminfo under its prefix (MemAvailable defaults to MemFree)."""
+    available = memfree_kib if available_kib is None else available_kib
+    (root / "proc/meminfo").write_text(f"MemTotal:       {memtotal_kib} kB\nMemFree:        {memfree_kib} kB\n"
+                                       f"MemAvailable:   {available} kB\n")
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -1,4 +1,7 @@
 """Fixtures for the playbook tests: one set of sandbox hosts per session (namespaces + sshd)."""
+import contextlib
+import shutil
+
 import pytest
 import yaml
 
@@ -26,9 +29,10 @@ def cluster(sandbox, tmp_path):
     roots = {name: tmp_path / "roots" / name for name in HOSTS}
     for name, root in roots.items():
         fake_kernel(root, sandbox.hosts[name]["pid"])
+        sandbox.bind_root(name, root)
 
     def write(**overrides):
-        host = {name: sandbox.host_vars(name, roots[name]) for name in HOSTS}
+        host = {name: sandbox.host_vars(name, roots[name]) | overrides.pop(name, {}) for name in HOSTS}
         cluster_vars = {"dsaops_target": "sm_121", "dsaops_gpus_per_node": 1, "dsaops_tp_size": 2,
                         "dsaops_cluster_interface": "clu0", "preflight_require_gpu": False,
                         **overrides.pop("cluster_vars", {})}
@@ -43,3 +47,14 @@ def cluster(sandbox, tmp_path):
         return path
 
     return write, roots
+
+
+@pytest.fixture(scope="session")
+def node_engines(sandbox, tmp_path_factory):
+    """A real dockerd for each serving host (tests/support/dockerd.py): {host: its DOCKER_HOST}."""
+    from tests.support.dockerd import DEBIAN_DOCKER, running
+
+    need(shutil.which("dockerd") is not None and DEBIAN_DOCKER.is_file(), "Docker from Debian (apt-get install docker.io)")
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(running(tmp_path_factory.mktemp(f"engine-{name}")))["DOCKER_HOST"]
+               for name in ("node1", "node2")}
