@@ -21,7 +21,7 @@ from dsaops.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
-PHASES = ("preflight", "host_memory", "network", "sglang_server", "health", "monitoring")
+PHASES = ("preflight", "host_memory", "network", "image", "weights", "sglang_server", "health", "monitoring")
 
 
 def add_parser(sub) -> None:

@@ -77,18 +77,22 @@ def test_print_commands_dgx_spark_2x(printed):
                          "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                          "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
                          "NCCL_CUMEM_ENABLE=0", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                         "--network host", "--ipc host", image_name("sm_121")):
+                         "--network host", "--ipc host", image_name("sm_121"),
+                         "--volume /var/lib/dsaops/models/GLM-5.3-Flash:/models/GLM-5.3-Flash:ro"):
             assert expected in text, (name, expected)
+        assert ".cache/huggingface" not in text    # staged weights: no server downloads them
 
 
 # The inventories' settings, as dsaops.launch_args specs: what each node's command must be.
+MODEL = "zai-org/GLM-5.3-Flash"
+# The weights are staged on every node and mounted read-only at /models/<name>; clients still see the model's name.
 SPARKS = ClusterSpec(tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                      dsa_decode_backend="tilelang", mem_fraction_static=0.8, max_running_requests=16,
-                     chunked_prefill_size=4096, enable_metrics=True)   # GB10's prefill bound, from its plan
+                     chunked_prefill_size=4096, served_model_name=MODEL, enable_metrics=True)   # GB10's prefill bound
 H20 = ClusterSpec(tp_size=8, attn_dp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                   dsa_decode_backend="tilelang", mem_fraction_static=0.85, max_running_requests=240,
-                  enable_metrics=True)
-MODEL = "zai-org/GLM-5.3-Flash"
+                  served_model_name=MODEL, enable_metrics=True)
+STAGED = "/models/GLM-5.3-Flash"
 
 
 def test_every_sglang_flag_comes_from_launch_args(printed):
@@ -96,15 +100,15 @@ def test_every_sglang_flag_comes_from_launch_args(printed):
     a flag the playbook wrote itself, dropped or reordered would show."""
     sparks = _nodes(printed["dgx-spark-2x"].stdout)
     for rank, name in enumerate(("spark-1", "spark-2")):
-        node = NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000, node_rank=rank,
+        node = NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000, node_rank=rank,
                         dist_init_addr="192.168.100.1:25000")
         assert _launch(sparks[name]) == launch_args(SPARKS, node), name
     (h20,) = _nodes(printed["h20-8gpu"].stdout).values()
-    assert _launch(h20) == launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000))
+    assert _launch(h20) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000))
     # the user's extras come last, through the builder too
     extra = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--trust-remote-code"]}')
     (text,) = _nodes(extra.stdout).values()
-    assert _launch(text) == launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000,
+    assert _launch(text) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000,
                                                       extra_args=("--trust-remote-code",)))
 
 
@@ -127,7 +131,7 @@ def test_a_flag_written_in_the_playbook_is_caught(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     rendered = _launch((out / "h20-1.sh").read_text())
-    expected = launch_args(H20, NodeSpec(model_path=MODEL, host="0.0.0.0", port=30000))
+    expected = launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000))
     assert rendered != expected and rendered == [*expected, "--disable-cuda-graph"]
 
 

@@ -1,0 +1,115 @@
+#!/usr/bin/python
+"""Ansible module: a sha256 manifest of a checkpoint folder, written on the source node, checked on each copy.
+
+The Hugging Face index lists shards but carries no hashes, so the source node hashes every file
+once; a file whose size and modification time match the manifest's entry keeps its hash. A copy
+is checked by hashing every file it holds against the manifest (a bit flip keeps size and time).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: dsaops_weights_manifest
+short_description: Write a checkpoint folder's sha256 manifest, or check a copy against it
+description:
+  - C(write) hashes the files under I(path) (skipping hidden folders such as .cache) into I(manifest), reusing the
+    hash of every file whose size and mtime are unchanged.
+  - C(check) hashes every file the manifest lists under I(path) and returns those missing or different.
+options:
+  path: {type: path, required: true, description: The checkpoint folder.}
+  manifest: {type: path, required: true, description: The manifest (JSON).}
+  mode: {type: str, choices: [write, check], default: check, description: What to do.}
+  jobs: {type: int, default: 8, description: Files hashed at once.}
+"""
+
+CHUNK = 8 << 20
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)   # releases the GIL: threads hash files in parallel
+    return digest.hexdigest()
+
+
+def _files(root: str) -> dict[str, os.stat_result]:
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))   # .cache (hf download), .rsync-partial
+        for name in names:
+            if not name.startswith("."):
+                path = os.path.join(folder, name)
+                found[os.path.relpath(path, root)] = os.stat(path)
+    return found
+
+
+def write(root: str, manifest: str, jobs: int) -> dict:
+    try:
+        with open(manifest) as f:
+            old = json.load(f).get("files", {})
+    except (OSError, ValueError):
+        old = {}
+    stats = _files(root)
+    if not stats:
+        return {"failed": True, "msg": f"{root} holds no files to serve"}
+    keep = {rel: old[rel] for rel, st in stats.items()
+            if rel in old and old[rel]["size"] == st.st_size and old[rel]["mtime_ns"] == st.st_mtime_ns}
+    todo = sorted(set(stats) - set(keep))
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        hashes = dict(zip(todo, pool.map(lambda rel: _sha256(os.path.join(root, rel)), todo)))
+    files = {rel: keep.get(rel) or {"size": stats[rel].st_size, "mtime_ns": stats[rel].st_mtime_ns,
+                                    "sha256": hashes[rel]} for rel in sorted(stats)}
+    changed = files != old
+    if changed:
+        os.makedirs(os.path.dirname(manifest) or ".", exist_ok=True)
+        partial = manifest + ".partial"
+        with open(partial, "w") as f:
+            json.dump({"folder": root, "files": files}, f, indent=1, sort_keys=True)
+        os.replace(partial, manifest)
+    return {"changed": changed, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
+            "hashed": todo}
+
+
+def check(root: str, manifest: str, jobs: int) -> dict:
+    with open(manifest) as f:
+        files = json.load(f)["files"]
+
+    def bad(rel: str) -> str | None:
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path):
+            return "missing"
+        if os.path.getsize(path) != files[rel]["size"]:
+            return "size"
+        return None if _sha256(path) == files[rel]["sha256"] else "sha256"
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        verdicts = dict(zip(files, pool.map(bad, files)))
+    return {"changed": False, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
+            "mismatched": sorted(rel for rel, v in verdicts.items() if v)}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={
+        "path": {"type": "path", "required": True}, "manifest": {"type": "path", "required": True},
+        "mode": {"type": "str", "choices": ["write", "check"], "default": "check"},
+        "jobs": {"type": "int", "default": 8}}, supports_check_mode=True)
+    p = module.params
+    if not os.path.isdir(p["path"]):
+        module.fail_json(msg=f"{p['path']} is not a folder")
+    if p["mode"] == "write" and module.check_mode:
+        module.exit_json(changed=not os.path.isfile(p["manifest"]), skipped_hashing=True)
+    result = (write if p["mode"] == "write" else check)(p["path"], p["manifest"], p["jobs"])
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

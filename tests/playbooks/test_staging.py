@@ -1,0 +1,139 @@
+"""The image and the weights reach every node before any server starts: real ansible-playbook runs over
+SSH against sandbox hosts, each with a real dockerd of its own (started in its namespace), node-to-node
+copies over the sandbox's cluster link with the keys the transfer role sets up.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from dsaops.image import image_name
+from tests.playbooks.ansible_sandbox import recap
+
+pytestmark = pytest.mark.timeout(900)
+IMAGE = image_name("sm_121")
+SHARDS = {"model-00001-of-00002.safetensors": 2 << 20, "model-00002-of-00002.safetensors": 1 << 20}
+
+
+def docker(host: str, *args: str, check: bool = True, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/docker", *args], env={**os.environ, "DOCKER_HOST": host}, input=stdin,
+                          capture_output=True, check=check, timeout=120)
+
+
+def image_id(host: str) -> str:
+    out = docker(host, "image", "inspect", "--format", "{{.Id}}", IMAGE, check=False)
+    return out.stdout.decode().strip() if out.returncode == 0 else ""
+
+
+def make_image(host: str, content: bytes) -> str:
+    """A one-file image under the serving image's name (what `make image` would have tagged)."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("etc/dsaops-image")
+        info.size = len(content)
+        tar.addfile(info, io.BytesIO(content))
+    docker(host, "import", "-", IMAGE, stdin=data.getvalue())
+    return image_id(host)
+
+
+def forget_image(*hosts: str) -> None:
+    for host in hosts:
+        docker(host, "rmi", "--force", IMAGE, check=False)
+
+
+def fake_checkpoint(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"architectures": ["Glm5NextForConditionalGeneration"]}\n')
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {}}\n')
+    for name, size in SHARDS.items():
+        (folder / name).write_bytes(os.urandom(size))
+    (folder / ".cache/huggingface").mkdir(parents=True)          # hf download's bookkeeping: not copied
+    (folder / ".cache/huggingface/download.lock").write_text("x")
+    return folder
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _ok(result):
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    return recap(result.stdout)
+
+
+def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cluster, node_engines, dockerd, tmp_path):
+    write, roots = cluster
+    forget_image(*node_engines.values())
+    built = make_image(node_engines["node1"], b"built on node1\n")
+    model = fake_checkpoint(roots["node1"] / "srv/models/tiny-glm")
+    inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": str(model)},
+                      node1={"dsaops_docker_host": node_engines["node1"]},
+                      node2={"dsaops_docker_host": node_engines["node2"]})
+    controller = {"DOCKER_HOST": dockerd["DOCKER_HOST"]}      # the controller's engine has no such image
+    copy = roots["node2"] / "var/lib/dsaops/models/tiny-glm"
+
+    checked = sandbox.playbook(inventory, tmp_path / "run-check", "--tags", "image,weights", "--check", env=controller)
+    _ok(checked)
+    assert "node2: lacks " + IMAGE in " ".join(checked.stdout.split()) and "would copy" in checked.stdout
+    assert image_id(node_engines["node2"]) == "" and not copy.exists()
+
+    first = sandbox.playbook(inventory, tmp_path / "run-1", "--tags", "image,weights", env=controller)
+    changed = _ok(first)
+    assert changed["node2"]["changed"] > 0
+    assert image_id(node_engines["node2"]) == built                           # docker save | docker load, same ID
+    assert {p.name for p in copy.iterdir()} == {"config.json", "model.safetensors.index.json", *SHARDS}   # no .cache
+    assert all(digest(copy / name) == digest(model / name) for name in SHARDS)
+    log = roots["node1"] / "var/log/dsaops/weights-to-node2.log"
+    assert "Number of regular files transferred: 4" in log.read_text()
+    keys = (roots["node2"] / "root/.ssh/authorized_keys").read_text()
+    assert f'from="{sandbox.hosts["node1"]["address"]}",restrict ssh-ed25519 ' in keys
+    assert keys.rstrip().endswith("dsaops transfer from node1")
+
+    again = sandbox.playbook(inventory, tmp_path / "run-2", "--tags", "image,weights", env=controller)
+    assert all(host["changed"] == 0 for host in _ok(again).values()), recap(again.stdout)
+    assert "Number of regular files transferred: 0" in log.read_text()        # the second run copies nothing
+
+    # A bit flip that keeps the size and the time: rsync's quick check misses it, the manifest does not.
+    shard = copy / "model-00001-of-00002.safetensors"
+    stat = shard.stat()
+    data = bytearray(shard.read_bytes())
+    data[12345] ^= 0x01
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    third = sandbox.playbook(inventory, tmp_path / "run-3", "--tags", "weights", env=controller)
+    _ok(third)
+    assert "Number of regular files transferred: 0" in log.read_text()
+    assert ("node2: 1 file(s) differed from the manifest and were copied again: model-00001-of-00002.safetensors"
+            in " ".join(third.stdout.split()))
+    assert digest(shard) == digest(model / "model-00001-of-00002.safetensors")
+
+
+def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(sandbox, cluster, node_engines,
+                                                                                dockerd, tmp_path):
+    write, _ = cluster
+    forget_image(*node_engines.values(), dockerd["DOCKER_HOST"])
+    engines = {"node1": {"dsaops_docker_host": node_engines["node1"]},
+               "node2": {"dsaops_docker_host": node_engines["node2"]}}
+    controller = {"DOCKER_HOST": dockerd["DOCKER_HOST"]}
+
+    # Nothing anywhere, a registry that does not answer: the run stops before any server, naming both ways.
+    stopped = sandbox.playbook(write(cluster_vars={"dsaops_stage": True, "dsaops_image_registry": "127.0.0.1:1"},
+                                     **engines), tmp_path / "run-none", "--tags", "image", env=controller)
+    text = " ".join(stopped.stdout.split())
+    assert stopped.returncode != 0
+    assert f"127.0.0.1:1/{IMAGE} is on no node, not in this controller's Docker engine, and pulling it from 127.0.0.1:1 failed" in text
+    assert "build it on one node (or here) with `make image ARCH=sm_121`" in text
+    assert "`make image ARCH=sm_121 REGISTRY=HOST:PORT PUSH=1`" in text and "DSAOPS_REGISTRY" in text
+
+    # Built where the controller runs: both nodes get that image, over Ansible's own SSH to each.
+    built = make_image(dockerd["DOCKER_HOST"], b"built on the controller\n")
+    copied = sandbox.playbook(write(cluster_vars={"dsaops_stage": True}, **engines), tmp_path / "run-controller",
+                              "--tags", "image", env=controller)
+    assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2"))
+    assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
