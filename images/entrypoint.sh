@@ -48,6 +48,14 @@ if [ -n "${DSAOPS_HEALTHCHECK_ARGS:-}" ]; then
     fi
 fi
 
+# DSAOPS_BEFORE_START: a command to run before SGLang, whose failure stops the container (its status
+# becomes the container's). The playbooks set it to the node's memory wait on unified memory, so a
+# container that Docker restarts after a crash waits for the memory the crashed one held.
+if [ -n "${DSAOPS_BEFORE_START:-}" ]; then
+    # shellcheck disable=SC2086  # a command line: the words are its arguments
+    $DSAOPS_BEFORE_START || exit $?
+fi
+
 if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
     echo "dsaops-entrypoint: cannot write DSAOPS_LOG_FILE=$log; mount a writable folder there or set it elsewhere" >&2
     exit 2

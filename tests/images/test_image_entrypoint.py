@@ -146,3 +146,24 @@ def test_arguments_it_cannot_count_leave_the_health_check_without_a_count(tmp_pa
     assert proc.wait(timeout=30) == 0  # SGLang itself says what is wrong with its arguments
     assert not args_file.exists()
     assert "--tp-size must be >= 1" in proc.stderr.read()
+
+
+def test_the_before_start_command_runs_first_and_its_failure_ends_the_container(tmp_path):
+    """DSAOPS_BEFORE_START (the playbooks' memory wait): SGLang starts only after it succeeds; when it fails,
+    its status is the container's, so Docker's restart policy tries again later."""
+    hook = tmp_path / "wait.sh"
+    hook.write_text('#!/bin/sh\necho "wait $1: memory not back" >&2\nexit "$(cat "$0.status")"\n')
+    hook.chmod(0o755)
+    (tmp_path / "wait.sh.status").write_text("75")
+    refused = start(tmp_path, "--model-path", "/m", DSAOPS_BEFORE_START=f"{hook} wait-memory")
+    assert refused.wait(timeout=30) == 75
+    assert "wait wait-memory: memory not back" in refused.stderr.read()
+    assert "standin pid=" not in log_of(tmp_path)                     # SGLang never started
+    (tmp_path / "wait.sh.status").write_text("0")
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_BEFORE_START=f"{hook} wait-memory")
+    try:
+        assert wait_for(lambda: "standin pid=" in log_of(tmp_path), 20), proc.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()

@@ -5,17 +5,20 @@ no-GPU path (everything rendered, nothing started). Machine-wide writes land und
 host's root prefix and are asserted there.
 """
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import yaml
 
 from dsaops.cli import build_parser
 from dsaops.image import image_name
-from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot
+from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot, write_meminfo
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -206,3 +209,63 @@ def test_an_inventory_without_the_dsaops_groups_touches_no_host(sandbox, cluster
     deployed = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-deploy")
     assert deployed.returncode == 2 and "it puts no host in group dsaops_cluster" in deployed.stderr
     assert snapshot(tmp_path / "roots") == before
+
+
+def _serve_reads(path, contents: list[str]) -> threading.Thread:
+    """Turn `path` into a FIFO whose readers get contents[0], contents[1], ... in turn: each reading the
+    script makes is one step, whatever the timing."""
+    path.unlink()
+    os.mkfifo(path)
+
+    def serve():
+        for text in contents:
+            with open(path, "w") as fifo:      # blocks until the next reader opens it
+                fifo.write(text)
+            while True:                        # until that reader has closed it (ENXIO: no reader left)
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    break
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_gb10_memory_gate_waits_for_memory_then_stops(sandbox, cluster, tmp_path):
+    """Right before a start, each node's rendered `dsaops-sglang wait-memory` waits until MemAvailable reaches
+    the plan's free memory before weights (115 - 8 = 107 GiB here). node1's memory comes back on the second
+    reading (a crashed server's memory released); node2's never does, so the run stops with the script's words."""
+    write, roots = cluster
+    inventory = write(cluster_vars={"dsaops_mem_fraction_static": 0.8, "dsaops_max_running_requests": 16,
+                                    "dsaops_gpu_memory_gib": 115, "dsaops_weights_gib": 140,
+                                    "sglang_server_memory_wait_s": 4, "sglang_server_memory_poll_s": 1},
+                      node1={"sglang_server_supervisor": "systemd"})
+    _ok(sandbox.playbook(inventory, tmp_path / "run-render", "--tags", "sglang_server"))
+    unit = (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").read_text()
+    assert "ExecStartPre=/usr/local/bin/dsaops-sglang wait-memory" in unit           # systemd waits on the host
+    node2 = (roots["node2"] / "usr/local/bin/dsaops-sglang").read_text()              # Docker's restarts wait inside
+    assert "'DSAOPS_BEFORE_START=/usr/local/bin/dsaops-sglang wait-memory'" in node2
+    assert "DSAOPS_BEFORE_START" not in (roots["node1"] / "usr/local/bin/dsaops-sglang").read_text()
+
+    gib = 1 << 20
+    reads = _serve_reads(roots["node1"] / "proc/meminfo", [f"MemAvailable: {100 * gib} kB\n", f"MemAvailable: {110 * gib} kB\n"])
+    write_meminfo(roots["node2"], 127_000_000, 100 * gib)
+    play = tmp_path / "gate.yml"
+    play.write_text("- name: Memory gate\n  hosts: dsaops_cluster\n  gather_facts: false\n  tasks:\n"
+                    "    - name: Wait\n      ansible.builtin.include_role:\n        name: sglang_server\n"
+                    "        tasks_from: memory_gate\n")
+    try:
+        result = sandbox.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(play)], tmp_path / "run-gate")
+    finally:
+        if reads.is_alive():                       # release a writer still waiting for a reader
+            os.close(os.open(roots["node1"] / "proc/meminfo", os.O_RDONLY | os.O_NONBLOCK))
+    text = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert re.search(r"dsaops-sglang: MemAvailable 100\.0 GiB is below the 107\.0 GiB the plan assumes free before the "
+                     r"weights load; waiting up to 4 s \(a stopped server'+s unified memory can stay held for a while\) "
+                     r"dsaops-sglang: MemAvailable is back to 110\.0 GiB after [1-3] s", text), text[-3000:]
+    assert ("dsaops-sglang: MemAvailable is 100.0 GiB after waiting 4 s, below the 107.0 GiB dsaops plan assumed free "
+            "before the weights load; not starting the server: free memory on node2") in text
+    assert recap(result.stdout)["node1"]["failed"] == 0 and recap(result.stdout)["node2"]["failed"] == 1

@@ -77,10 +77,17 @@ def test_print_commands_dgx_spark_2x(printed):
                          "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                          "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
                          "NCCL_CUMEM_ENABLE=0", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                         "--network host", "--ipc host", image_name("sm_121"),
-                         "--volume /var/lib/dsaops/models/GLM-5.3-Flash:/models/GLM-5.3-Flash:ro"):
+                         "--network host", "--ipc host", image_name("sm_121")):
             assert expected in text, (name, expected)
         assert ".cache/huggingface" not in text    # staged weights: no server downloads them
+    # the checkpoint's folder on the head; the copy the weights phase made on the worker
+    assert "--volume /data/models/GLM-5.3-Flash-NVFP4:/models/GLM-5.3-Flash-NVFP4:ro" in nodes["spark-1"]
+    assert "--volume /var/lib/dsaops/models/GLM-5.3-Flash-NVFP4:/models/GLM-5.3-Flash-NVFP4:ro" in nodes["spark-2"]
+    # the memory wait runs before each start, in the container too when Docker restarts it (no systemd here)
+    for text in nodes.values():
+        assert "--env 'DSAOPS_BEFORE_START=/usr/local/bin/dsaops-sglang wait-memory'" in text
+        assert "--volume /usr/local/bin/dsaops-sglang:/usr/local/bin/dsaops-sglang:ro" in text
+        assert '"${have:-0}" -ge 112197632 ]' in text     # the plan's 115 - 8 = 107 GiB free before weights, in KiB
 
 
 # The inventories' settings, as dsaops.launch_args specs: what each node's command must be.
@@ -88,7 +95,8 @@ MODEL = "zai-org/GLM-5.3-Flash"
 # The weights are staged on every node and mounted read-only at /models/<name>; clients still see the model's name.
 SPARKS = ClusterSpec(tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                      dsa_decode_backend="tilelang", mem_fraction_static=0.8, max_running_requests=16,
-                     chunked_prefill_size=4096, served_model_name=MODEL, enable_metrics=True)   # GB10's prefill bound
+                     chunked_prefill_size=4096, served_model_name="GLM-5.3-Flash-NVFP4",   # GB10's prefill bound
+                     enable_metrics=True)
 H20 = ClusterSpec(tp_size=8, attn_dp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                   dsa_decode_backend="tilelang", mem_fraction_static=0.85, max_running_requests=240,
                   served_model_name=MODEL, enable_metrics=True)
@@ -100,7 +108,7 @@ def test_every_sglang_flag_comes_from_launch_args(printed):
     a flag the playbook wrote itself, dropped or reordered would show."""
     sparks = _nodes(printed["dgx-spark-2x"].stdout)
     for rank, name in enumerate(("spark-1", "spark-2")):
-        node = NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000, node_rank=rank,
+        node = NodeSpec(model_path="/models/GLM-5.3-Flash-NVFP4", host="0.0.0.0", port=30000, node_rank=rank,
                         dist_init_addr="192.168.100.1:25000")
         assert _launch(sparks[name]) == launch_args(SPARKS, node), name
     (h20,) = _nodes(printed["h20-8gpu"].stdout).values()
@@ -142,7 +150,7 @@ def test_print_commands_h20_8gpu(printed):
     for expected in ("--tp-size 8", "--attn-dp-size 8", "--max-running-requests 240", image_name("sm_90")):
         assert expected in text, expected
     for absent in ("--nnodes", "--enable-dp-attention", "NCCL_CUMEM_ENABLE", "PYTORCH_CUDA_ALLOC_CONF",
-                   "--chunked-prefill-size"):   # one node; new DP spelling; not GB10
+                   "--chunked-prefill-size", "DSAOPS_BEFORE_START"):   # one node; new DP spelling; not GB10
         assert absent not in text, absent
 
 
