@@ -10,12 +10,13 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 TEST_REQS := $(sort $(wildcard tests/requirements/*.txt))
 STAMP := $(VENV)/.installed
+SETUP_STAMP := $(VENV)/.setup
 export DSAOPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dsaops
 
-.PHONY: help venv test lint
+.PHONY: help setup venv test lint
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
-	@echo "  variables: ARCH=sm_90|sm_121|gfx942  TAG=  REGISTRY=  PUSH=1  INVENTORY=playbooks/inventories/local.yml"
+	@echo "  variables: ARCH=sm_90|sm_121|gfx942  TAG=  REGISTRY= (default: \$$DSAOPS_REGISTRY)  PUSH=1  INVENTORY=playbooks/inventories/local.yml"
 
 $(STAMP): pyproject.toml $(TEST_REQS)
 	@echo "== creating $(VENV) (torch CPU, the project and its test needs)"
@@ -24,7 +25,17 @@ $(STAMP): pyproject.toml $(TEST_REQS)
 	$(PY) -m pip install -q -e '.[test,exporter,deploy,kernels]' $(addprefix -r ,$(TEST_REQS))
 	touch $@
 
-venv: $(STAMP) ## create or refresh the virtual environment (.venv)
+# The tools a user runs (dsaops, ansible-playbook): the project in editable mode with its deploy extra.
+$(SETUP_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "dsaops needs Python 3.11 or newer: make setup PYTHON=python3.12")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[deploy]'
+	touch $@
+
+setup: $(SETUP_STAMP) ## dsaops and ansible-playbook in .venv; then `. .venv/bin/activate` puts them on PATH
+	@echo "== ready: run \`. $(VENV)/bin/activate\` to put dsaops and ansible-playbook on your PATH"
+
+venv: $(STAMP) ## create or refresh the test environment (.venv with the test tools; make test does it)
 
 test: $(STAMP) ## run the CPU test suite (what CI runs)
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)

@@ -94,11 +94,13 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     try:
         import ansible_runner
     except ImportError:
-        raise UserError("ansible-runner is not installed: pip install 'dsaops[deploy]'") from None
+        raise UserError("ansible-runner is not installed: run `make setup` in the dsaops checkout "
+                        "(or `pip install -e '.[deploy]'` there)") from None
     # Prefer the ansible-playbook installed beside this Python (a virtual environment need not be active).
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     if not shutil.which("ansible-playbook", path=path):
-        raise UserError("ansible-playbook is not installed: pip install 'dsaops[deploy]'")
+        raise UserError("ansible-playbook is not installed: run `make setup` in the dsaops checkout "
+                        "(or `pip install -e '.[deploy]'` there)")
     hosts = check_inventory(inventory_path, path)
 
     cmdline = []

@@ -3,7 +3,9 @@
 # required: without .venv the system python3 (>= 3.11, with pip) runs the source checkout.
 ARCH ?=
 TAG ?=
-REGISTRY ?=
+# The registry prefix: DSAOPS_REGISTRY in the environment, which the playbooks' dsaops_image_registry
+# reads too, so the deploy runs the image this built; REGISTRY= overrides it for one build.
+REGISTRY ?= $(DSAOPS_REGISTRY)
 PUSH ?=
 BASE ?=
 IMAGE_PY := $(if $(wildcard $(PY)),$(PY),PYTHONPATH=. $(PYTHON))

@@ -71,7 +71,8 @@ def run_compile(args) -> int:
     try:
         import tilelang  # noqa: F401
     except ImportError:
-        raise UserError(f"TileLang is not installed: pip install 'dsaops[kernels]' ({pins.requirement('tilelang')})") from None
+        raise UserError(f"TileLang is not installed: pip install -e '.[kernels]' in the dsaops checkout "
+                        f"({pins.requirement('tilelang')})") from None
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None

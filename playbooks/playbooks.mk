@@ -3,14 +3,14 @@ INVENTORY ?= playbooks/inventories/local.yml
 DEPLOY_ARGS ?=
 
 .PHONY: deploy deploy-plan deploy-commands playbooks-lint
-deploy: $(STAMP) ## deploy SGLang serving with playbooks/cluster.yml (INVENTORY=...)
+deploy: $(SETUP_STAMP) ## deploy SGLang serving with playbooks/cluster.yml (INVENTORY=...)
 	$(PY) -m dsaops deploy -i $(INVENTORY) $(DEPLOY_ARGS)
 
-deploy-plan: $(STAMP) ## dry run: each node's server command, then what cluster.yml would change (--check)
+deploy-plan: $(SETUP_STAMP) ## dry run: each node's server command, then what cluster.yml would change (--check)
 	$(PY) -m dsaops deploy -i $(INVENTORY) --print-commands $(DEPLOY_ARGS)
 	$(PY) -m dsaops deploy -i $(INVENTORY) --check $(DEPLOY_ARGS)
 
-deploy-commands: $(STAMP) ## print each node's server command and environment, touching no host
+deploy-commands: $(SETUP_STAMP) ## print each node's server command and environment, touching no host
 	$(PY) -m dsaops deploy -i $(INVENTORY) --print-commands $(DEPLOY_ARGS)
 
 playbooks-lint: $(STAMP) ## ansible-lint (production profile) and --syntax-check for every inventory

@@ -218,32 +218,33 @@ def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
     assert "--max-running-requests" in refused([*sparks, "--speculative-num-draft-tokens", "6"], capsys)
 
 
-# Seed 000's two-Spark validation (sgl-project/sglang PR "[DSA] Enable tilelang fp8_e4m3 KV cache on CUDA (raw
-# layout)", the 2x DGX Spark comment): GLM-5.3-Flash NVFP4, TP 2 over two GB10s, "KV pool: 85,376 -> 161,600
-# tokens (+89 %) at identical settings (mem-fraction 0.94, ctx 57,344, max-running-requests 4, DFLASH block 6,
-# mamba-ssm bf16)". These flags are every input the seed gives; it logs no `avail mem=` and no drafter geometry.
-GB10_SEED = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", *TILELANG,
+# Upstream's two-Spark validation (the sgl-project/sglang pull request "[DSA] Enable tilelang fp8_e4m3 KV cache on
+# CUDA (raw layout)" for sgl-project/sglang#36830, its 2x DGX Spark comment): GLM-5.3-Flash NVFP4, TP 2 over two
+# GB10s, "KV pool: 85,376 -> 161,600 tokens (+89 %) at identical settings (mem-fraction 0.94, ctx 57,344,
+# max-running-requests 4, DFLASH block 6, mamba-ssm bf16)". These flags are every input the report gives; it
+# logs no `avail mem=` and no drafter geometry.
+GB10_REPORT = ["--target", "sm_121", "--nodes", "2", "--gpus-per-node", "1", "--tp-size", "2", *TILELANG,
              "--mem-fraction-static", "0.94", "--context-length", "57344", "--max-running-requests", "4",
              "--mamba-ssm-dtype", "bfloat16"]
 GB10_POOLS = {"bf16": 85_376, "fp8_e4m3": 161_600}
 
 
 def _gb10(dtype, free_gib, capsys):
-    return plan([*GB10_SEED, "--kv-cache-dtype", dtype, "--gpu-memory-gib", "119", "--free-memory-gib",
+    return plan([*GB10_REPORT, "--kv-cache-dtype", dtype, "--gpu-memory-gib", "119", "--free-memory-gib",
                  str(free_gib)], capsys)["kv_pool_tokens_per_rank"]
 
 
-def test_gb10_seed_pools_are_not_reproduced_from_the_seeds_inputs(capsys):
+def test_gb10_reported_pools_are_not_reproduced_from_the_reports_inputs(capsys):
     """Not reproduced, and this test says why. Both arms share one memory budget (same settings, the same
     mamba pool), so the plan's pools stand in the ratio of the cells, 12,716 / 7,084 = 1.795, for any
-    free memory; the seed's pools stand at 1.893. Fitting the one unknown (free memory after weights) to
+    free memory; the reported pools stand at 1.893. Fitting the one unknown (free memory after weights) to
     the bf16 pool leaves the fp8 pool 5% short, far outside 0.5%. The gap is the DFLASH drafter's own KV
     pool, which SGLang sizes into the same budget (pool_configurator.py, scale_kv_cell_size_per_token_for_dflash)
     in the target's KV dtype (kv_cache_dtype.py, configure_kv_cache_dtype): the two figures imply about 6.4 kB
-    a token of it in fp8, a drafter geometry the seed does not report, so no input taken from the seed
+    a token of it in fp8, a drafter geometry the report does not give, so no input taken from the report
     reproduces both pools."""
-    seed_ratio = GB10_POOLS["fp8_e4m3"] / GB10_POOLS["bf16"]
-    assert round(seed_ratio, 3) == 1.893
+    reported_ratio = GB10_POOLS["fp8_e4m3"] / GB10_POOLS["bf16"]
+    assert round(reported_ratio, 3) == 1.893
     for free in (8.0, 9.0, 11.0):                                   # whatever the free memory ...
         ratio = _gb10("fp8_e4m3", free, capsys) / _gb10("bf16", free, capsys)
         assert abs(ratio - 12_716 / 7_084) < 0.002                   # ... one budget gives the cells' ratio
@@ -265,7 +266,7 @@ def test_gb10_prefill_chunks_are_bounded_and_fitted_to_the_slack(capsys):
     """sm_121's table bound (4096) goes into the launch flags; a thinner slack halves it, a slack below
     SGLang's estimate for 2048 tokens is a warning; targets without a bound leave SGLang's choice."""
     def gb10(fraction):
-        return plan([*GB10_SEED[:-4], "--kv-cache-dtype", "fp8_e4m3", "--gpu-memory-gib", "119",
+        return plan([*GB10_REPORT[:-4], "--kv-cache-dtype", "fp8_e4m3", "--gpu-memory-gib", "119",
                      "--free-memory-gib", "20", "--mem-fraction-static", fraction], capsys)
 
     roomy = gb10("0.9")                                               # 11.1 GiB outside the pools

@@ -69,13 +69,16 @@ def _ok(result):
 
 def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cluster, node_engines, dockerd, tmp_path):
     write, roots = cluster
-    forget_image(*node_engines.values())
+    forget_image(*node_engines.values(), dockerd["DOCKER_HOST"])
     built = make_image(node_engines["node1"], b"built on node1\n")
+    # The controller's engine has the same image (as when the deploy runs on the node that built it):
+    # the copy still goes from that node, across the cluster link, not over the controller's connection.
+    docker(dockerd["DOCKER_HOST"], "load", stdin=docker(node_engines["node1"], "save", IMAGE).stdout)
     model = fake_checkpoint(roots["node1"] / "srv/models/tiny-glm")
     inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": str(model)},
                       node1={"dsaops_docker_host": node_engines["node1"]},
                       node2={"dsaops_docker_host": node_engines["node2"]})
-    controller = {"DOCKER_HOST": dockerd["DOCKER_HOST"]}      # the controller's engine has no such image
+    controller = {"DOCKER_HOST": dockerd["DOCKER_HOST"]}
     copy = roots["node2"] / "var/lib/dsaops/models/tiny-glm"
 
     checked = sandbox.playbook(inventory, tmp_path / "run-check", "--tags", "image,weights", "--check", env=controller)
@@ -87,6 +90,7 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     changed = _ok(first)
     assert changed["node2"]["changed"] > 0
     assert image_id(node_engines["node2"]) == built                           # docker save | docker load, same ID
+    assert "changed: [node2 -> node1(" in first.stdout                         # from node1, over the cluster link
     assert {p.name for p in copy.iterdir()} == {"config.json", "model.safetensors.index.json", *SHARDS}   # no .cache
     assert all(digest(copy / name) == digest(model / name) for name in SHARDS)
     log = roots["node1"] / "var/log/dsaops/weights-to-node2.log"

@@ -21,8 +21,8 @@ ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "A
        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def _run(*argv, cwd=REPO):
-    return subprocess.run(argv, check=False, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+def _run(*argv, cwd=REPO, env=None):
+    return subprocess.run(argv, check=False, cwd=cwd, env=ENV | (env or {}), capture_output=True, text=True, timeout=300)
 
 
 def test_ansible_lint_production_profile():
@@ -38,8 +38,8 @@ def test_syntax_check(inventory, playbook):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def print_commands(inventory, *extra):
-    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra)
+def print_commands(inventory, *extra, env=None):
+    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,23 @@ def test_print_commands_dgx_spark_2x(printed):
         assert "--env 'DSAOPS_BEFORE_START=/usr/local/bin/dsaops-sglang wait-memory'" in text
         assert "--volume /usr/local/bin/dsaops-sglang:/usr/local/bin/dsaops-sglang:ro" in text
         assert '"${have:-0}" -ge 112197632 ]' in text     # the plan's 115 - 8 = 107 GiB free before weights, in KiB
+
+
+@pytest.mark.parametrize("registry", ["", "registry.lan:5000"])
+def test_one_registry_variable_names_the_image_for_make_image_and_the_spark_inventory(tmp_path, registry):
+    """DSAOPS_REGISTRY is `make image`'s REGISTRY= default and the inventories' dsaops_image_registry default:
+    dgx-spark-2x.yml runs exactly the image `make image ARCH=sm_121` tags, with or without a registry."""
+    env = {"DSAOPS_REGISTRY": registry}
+    plan = _run("make", "--no-print-directory", "image-plan", "ARCH=sm_121", env=env)
+    assert plan.returncode == 0, plan.stderr
+    [tag] = re.findall(r"--tag (\S+)", plan.stdout)
+    assert tag == image_name("sm_121", registry=registry)
+    inventory = tmp_path / "sparks.yml"
+    inventory.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(".local", ".invalid"))
+    printed = print_commands(str(inventory), env=env)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    nodes = _nodes(printed.stdout)
+    assert [re.findall(r"^  (\S*dsaops/sglang:\S+) \\$", text, re.MULTILINE) for text in nodes.values()] == [[tag], [tag]]
 
 
 # The inventories' settings, as dsaops.launch_args specs: what each node's command must be.
