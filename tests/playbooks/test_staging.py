@@ -141,3 +141,16 @@ def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(s
                               "--tags", "image", env=controller)
     assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2"))
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
+
+
+def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox, cluster, tmp_path):
+    """A Hugging Face id, nothing staged yet, and neither `hf` nor `huggingface-cli` on the source node."""
+    write, roots = cluster
+    inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": "zai-org/GLM-5.3-Flash"})
+    result = sandbox.playbook(inventory, tmp_path / "run", "--tags", "weights")
+    text = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert ("node1: the weights of zai-org/GLM-5.3-Flash are not staged yet and neither `hf` nor `huggingface-cli` "
+            "is installed there to download them") in text
+    assert "set dsaops_model_path to that folder" in text and "dsaops_weights_stage: false" in text
+    assert not (roots["node2"] / "var/lib/dsaops/models/GLM-5.3-Flash").exists()
