@@ -147,7 +147,7 @@ def _check_geometry(q_shape, kv_shape, idx_shape, kv_dtype, idx_dtype, d_v) -> N
         raise ValueError(f"want q [S, H, d], kv [slots, 1, d], indices [S, 1, topk]; got "
                          f"{tuple(q_shape)}, {tuple(kv_shape)}, {tuple(idx_shape)}")
     S, H, width = q_shape
-    if unsupported := decode_unsupported(H, width, d_v, idx_shape[2], kv_dtype):
+    if unsupported := route.geometry_unsupported(H, width, d_v, idx_shape[2], kv_dtype):
         raise ValueError(f"unsupported geometry: {'; '.join(unsupported)}")
     if kv_shape[1] != 1 or kv_shape[2] != width:
         raise ValueError(f"kv must be [slots, 1, {width}] (rows as wide as q), got {tuple(kv_shape)}")

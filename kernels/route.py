@@ -81,7 +81,7 @@ def geometry_unsupported(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtyp
               (d_qk - d_v in tiles.D_TAILS,
                f"d_tail = d_qk - d_v = {d_qk - d_v} ({' or '.join(map(str, tiles.D_TAILS))})"),
               (1 <= topk <= tiles.MAX_TOPK, f"top-k {topk} (1 to {tiles.MAX_TOPK})"),
-              (kv_name == KERNEL_FP8, f"kv dtype {kv_name} ({KERNEL_FP8}: no HIP kernels for e4m3fnuz)"))
+              (kv_name == KERNEL_FP8, f"kv dtype {kv_name} (a raw {KERNEL_FP8} pool; e4m3fnuz has no HIP kernels)"))
     return [why for ok, why in checks if not ok]
 
 
