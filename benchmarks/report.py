@@ -169,24 +169,28 @@ def targets_table(targets, result: dict) -> list[str]:
 # -- sections --------------------------------------------------------------------------------------
 
 DECODE_METHOD = """\
-Geometry: GLM-5.3-Flash's NoPE MLA decode (d_v 512, d_tail 0), top-k 2048, a 1,048,576-row raw fp8
-pool, distinct random row ids a query. GPU time is the median of CUDA-graph replays of 20 calls
-each, back to back (with programmatic dependent launch a call's first kernel overlaps the previous
-call's last). SGLang 0.5.23's `tilelang_sparse_fwd`, loaded from the pinned wheel's file, runs in
-the same process over a bf16 and a raw fp8 pool. Roofline: the larger of the fp8 rows read once
-over the measured copy bandwidth and the FLOPs over the measured fp8 matmul rate. Eager host cost:
-wall time a call over 200 back-to-back eager calls, the least and the median of 15 runs with the
-garbage collector off; the host is shared, so the median moves with its neighbours. Which tile
-runs each case: kernels/README.md."""
+Geometry: GLM-5.3-Flash's NoPE MLA decode (d_v 512, d_tail 0, sm_scale 512^-0.5), top-k 2048, a
+1,048,576-row raw fp8 pool of outlier-channel data (KV N(0, 0.5²) with channels 0-7 ×8, as MLA
+latents have; q N(0, 1)), distinct random row ids a query. GPU time is the median of CUDA-graph
+replays, each graph 20 or more calls back to back (with programmatic dependent launch a call's
+first kernel overlaps the previous call's last). SGLang 0.5.23's `tilelang_sparse_fwd`, loaded from
+the pinned wheel's file, runs in the same process over a bf16 and a raw fp8 pool. Roofline: the
+larger of the fp8 rows read once over the measured copy bandwidth and the FLOPs over the measured
+fp8 matmul rate. Eager host cost: wall time a call over 200 back-to-back eager calls on one input,
+the least and the median of 15 runs with the garbage collector off; the host is shared, so the
+median moves with its neighbours. Which tile runs each case: kernels/README.md."""
 
 SAME_INPUT = """\
-The dsaops column rotates its inputs between calls (distinct pool rows and indices, as a server's
-decode never finds its rows in L2); the same-input column replays one input."""
+Every kernel's time here (dsaops', FlashMLA's, SGLang's, and the short-context, sweep and proxy
+sections') is over rotated inputs: the graph cycles through sets of q and row ids such that at
+least 256 MiB of other rows and ids are read between two calls of one set, so no call finds its
+rows in L2, as none does in a server's decode. The same-input column replays one set (its rows stay
+in L2)."""
 
 FLASHMLA = """\
 FlashMLA (the `sgl-flash-mla` wheel) runs as SGLang's DSA backend calls it for an fp8 cache: the
 pool quantized to its V32_NO_ROPE pages in the run, `use_legacy`, heads padded to 64 or 128 once an
-input set (SGLang pads on every call; that is not timed)."""
+input set (SGLang pads on every call; that is not timed), cache lengths of top-k."""
 
 DRY_RUN = ("**DRY RUN: FAKE TIMINGS.** CPU references stood in for the kernels and every time is made up; "
            "this page shows the benchmark's plumbing, not a measurement.")
@@ -230,8 +234,8 @@ def decode_section(r: dict, path: Path, link: Callable[[Path], str]) -> list[str
                 "Norm-wise relative error of the output. Kernel error: against fp32 attention over the same raw fp8 "
                 "KV with bf16 q (the kernel's own error). Error vs bf16: against fp32 attention over the unquantized "
                 "bf16 KV with bf16 q, what a user loses; the raw-KV floor is that error for fp32 attention over the "
-                "raw fp8 KV with bf16 q, which no kernel over that pool beats. Outlier-channel data: KV N(0, 0.5²) "
-                "with channels 0-7 ×8, q N(0, 1)." if against_bf16 else
+                "raw fp8 KV with bf16 q, which no kernel over that pool beats. The data: the cases' (above)."
+                if against_bf16 else
                 "Norm-wise relative error of the output. Kernel error: against the fp32 reference over the same "
                 "fp8-rounded q and KV."), "",
                 *columns(errs, [
@@ -242,9 +246,12 @@ def decode_section(r: dict, path: Path, link: Callable[[Path], str]) -> list[str
                     ("FlashMLA error vs bf16", "flashmla_err_vs_bf16", lambda c: pct(c.get("flashmla_err_vs_bf16"))),
                 ]), ""]
     if r.get("accuracy"):
-        out += [("By data kind, error against bf16 KV and q. The fp32 references: over the raw fp8 KV (the floor), "
-                 "over FlashMLA's format, and with q rounded to e4m3 or split into two e4m3 halves; dsaops fed a "
-                 "rounded q is the negative control."), "",
+        out += [("By data kind, error against bf16 KV and q: normal (KV and q "
+                 "N(0, 1): flat scores), outliers (as the cases) and peaked (q a quarter of the sum of 8 keys of "
+                 "its own top-k plus N(0, 1): about half of each head's softmax mass on those keys). The fp32 "
+                 "references: over the raw fp8 KV (the floor), over FlashMLA's format, and with q rounded to e4m3 "
+                 "or split into two e4m3 halves. dsaops fed a q already rounded to e4m3 (its low halves then "
+                 "zero, the QK^T of a kernel that rounds q) is the negative control."), "",
                 *columns(r["accuracy"], [
                     ("data", None, lambda a: a["data"]), ("H", None, lambda a: a["H"]), ("S", None, lambda a: a["S"]),
                     ("dsaops", None, lambda a: pct(a["err_vs_bf16"])),
