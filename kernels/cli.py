@@ -58,10 +58,11 @@ def add_parser(sub) -> None:
 
 def run_compile(args) -> int:
     from dsaops.kernels import tiles
+    from dsaops.kernels.decode import kernel_target
 
     from dsaops import targets
 
-    target = targets.get(args.target)
+    target = kernel_target(args.target)  # a table target, or TARGET@ARCH (sm_121@sm_90a: GB10's tiles on a Hopper)
     if target.vendor != "nvidia" and args.skip_unsupported:
         print(f"dsaops kernels: nothing compiled for {target.name}: {target.decode_evidence}")
         return 0

@@ -85,8 +85,8 @@ def cluster_pair(acc_o, row_sum, m, inv_sum, q_s, out, lse, H, s_i, h0, scale2, 
 
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", pdl: bool = False):
     """The decode prim_func for one V-in-registers tile (kernels/tiles.py), raw layout, Hopper: the
-    contract of decode_parts.decode_kernel. top-k must be a multiple of block_rows * n_split (the
-    host pads with -1) and a split may own at most tile.index_rows of it (the host splits further).
+    contract of decode_parts.decode_kernel. Any top-k: positions past it read as -1
+    (decode_parts.load_row_ids); a split may own at most tile.index_rows of it (the host splits further).
     pdl: the kernel overlaps its launch with the kernel before it (decode_parts.overlap_launches)."""
     HB, BI = tile.heads_per_block, tile.block_rows
     D, Dt = d_v, d_tail

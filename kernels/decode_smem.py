@@ -49,8 +49,8 @@ def write_split(acc_o, row_sum, m, inv_sum, staged, out, lse, H, s_i, sp, h0, co
 def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn", row_stats_in_shared: bool = False,
                    row_scaled: bool = False, pdl: bool = False, wgmma: bool = False):
     """The decode prim_func for one tile (kernels/tiles.py) with V in shared memory: the contract of
-    decode_parts.decode_kernel. top-k must be a multiple of block_rows * n_split (the host pads with
-    -1) and a split may own at most tile.index_rows of it (the host splits further).
+    decode_parts.decode_kernel. Any top-k: positions past it read as -1 (decode_parts.load_row_ids);
+    a split may own at most tile.index_rows of it (the host splits further).
     row_stats_in_shared: pass the per-head rescale and reciprocal sum to the PV accumulator's
     layout through shared memory. Needed where mma.sync (no wgmma) gives the score and output
     fragments different row owners, which TileLang rejects as a layout conflict (sm_121's 64-head

@@ -1,10 +1,11 @@
 """sparse_mla_decode_fp8 against the fp32 reference, on a GPU (run with `make test-gpu`).
 
-Error budget held to (spread case, the same bf16 q and fp8 kv in both): q enters QK^T exactly, as
-two e4m3 halves (kernels/q_halves.py), and the products are exact fp8 x fp8 with fp32
-accumulation; what rounds is P, to fp16 (2^-11 relative) or on Hopper's V-in-registers tiles to
-two e4m3 halves (2^-8), each split's output to bf16 (2^-9) and the final output to bf16 (2^-9): at
-most ~0.8% relative (norm-wise far less). The test allows 1.0%. The error against attention over
+Error budget held to (spread case, the same bf16 q and fp8 kv in both): q enters QK^T as two e4m3
+halves whose sum is q (kernels/q_halves.py); Hopper's fp8 wgmma adds the low half's products at its
+accumulator's precision, which leaves each score at about bf16's 2^-8 relative; P rounds to fp16
+(2^-11 relative) or on Hopper's V-in-registers tiles to two e4m3 halves (2^-8), each split's output
+to bf16 (2^-9) and the final output to bf16 (2^-9): at most ~1% relative (norm-wise far less). The
+test allows 1.0%. The error against attention over
 the original bf16 KV, the raw-KV floor and FlashMLA's error are test_decode_accuracy_gpu.py's.
 """
 import pytest
