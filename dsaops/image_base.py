@@ -177,9 +177,10 @@ def _docker(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
 
 def ensure(target) -> str:
     """The target's stand-in base in the engine, built when missing or made from other inputs; its tag."""
-    from dsaops.image import check_engine
+    from dsaops import build_host
 
-    check_engine()
+    if problem := build_host.engine_problem():
+        raise UserError(problem)
     rootfs = debian_rootfs()
     context = wheel_context(target)
     key = _key(target, context, rootfs)

@@ -141,10 +141,11 @@ def test_a_foreign_platform_needs_an_emulator_with_the_f_flag(fake, tmp_path):
     assert check(platform=HOST, base="b:1") == []                                          # native: no emulator
 
 
-def test_the_real_engine_with_debians_client_and_a_local_base(dockerd, local_base, monkeypatch):
-    """Our dockerd, Debian's 20.10 client (the fixture's PATH): a native build of a local base may go ahead."""
+def test_the_real_engine_with_debians_client_and_a_local_base(dockerd, standin_bases, monkeypatch):
+    """Our dockerd, Debian's 20.10 client (the fixture's PATH): a native build of a local base (the
+    offline route's stand-in) may go ahead."""
     for key in ("DOCKER_HOST", "PATH"):
         monkeypatch.setenv(key, dockerd[key])
-    assert check(base=local_base) == []
+    assert check(base=standin_bases["sm_90"]) == []
     [line] = check(base="127.0.0.1:1/dsaops/none:1")
     assert "127.0.0.1:1/dsaops/none:1 is not in this engine" in line and "connection refused" in line
