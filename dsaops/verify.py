@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
                                    "needle-in-a-haystack recall probes; exit 1 if any probe fails, times out or "
                                    "errors. `dsaops verify boot-gate` checks that a wrong fp8 launch is refused.")
     p.add_argument("--server-url", help="e.g. http://HEAD:30000 (any OpenAI-compatible endpoint)")
+    p.add_argument("--api-key-file", help="a file holding the server's API key (never on the command line; "
+                   "the playbooks keep it beside the inventory: <inventory>.secrets/api-key)")
     p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--reference", help="compare answers with this recorded reference (JSON)")
@@ -55,13 +57,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from dsaops import api_key
     from dsaops import verify_probes as vp
 
     if not args.server_url:
         raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
     depths = _depths(args.niah_depths)
     reference = _read_reference(args.reference) if args.reference else None
-    model, results = run_probes(args.server_url, model=args.model, niah_depths=depths, reference=reference,
+    key = api_key.read(args.api_key_file)
+    model, results = run_probes(args.server_url, model=args.model, niah_depths=depths, reference=reference, api_key=key,
                                 max_tokens=args.max_tokens, timeout=args.timeout,
                                 niah_timeout_per_ktok=args.niah_timeout_per_ktok, progress=vp.stderr_progress)
     if args.record and model is not None:
@@ -72,14 +76,14 @@ def run(args) -> int:
 
 def run_probes(server_url: str, *, model: str | None = None, niah_depths: Sequence[int] = (), reference: dict | None = None,
                max_tokens: int = 2048, timeout: float = 180.0, niah_timeout_per_ktok: float = 4.0,
-               progress=lambda line: None) -> tuple[str | None, list]:
+               progress=lambda line: None, api_key: str | None = None) -> tuple[str | None, list]:
     """Every answer probe, then the needle probes at each depth and position: (the model asked, one
     verify_probes.ProbeResult each). Without an answer from /v1/models: (None, [that failure])."""
     from dsaops import verify_probes as vp
 
     results: list[vp.ProbeResult] = []
     try:
-        model = model or vp.server_model(server_url, timeout=min(timeout, 30))
+        model = model or vp.server_model(server_url, timeout=min(timeout, 30), api_key=api_key)
     except vp.ProbeError as e:
         return None, [vp.ProbeResult("server", "server", e.status, f"/v1/models: {e.detail}", 0.0)]
     total = len(vp.PROMPTS) + len(niah_depths) * len(vp.NIAH_POSITIONS)
@@ -88,7 +92,7 @@ def run_probes(server_url: str, *, model: str | None = None, niah_depths: Sequen
         step += 1
         progress(f"[{step}/{total}] answer {probe_id}")
         results.append(vp.answer_probe(server_url, model, probe_id, prompt, expected, reference=reference,
-                                       max_tokens=max_tokens, timeout=timeout, progress=progress))
+                                       max_tokens=max_tokens, timeout=timeout, progress=progress, api_key=api_key))
         _progress_done(progress, results[-1])
     for depth in niah_depths:
         for position in vp.NIAH_POSITIONS:
@@ -96,7 +100,7 @@ def run_probes(server_url: str, *, model: str | None = None, niah_depths: Sequen
             probe_timeout = timeout + depth / 1000 * niah_timeout_per_ktok
             progress(f"[{step}/{total}] needle at {position} of ~{depth} tokens (timeout {probe_timeout:.0f} s)")
             results.append(vp.niah_probe(server_url, model, depth, position, max_tokens=max_tokens,
-                                         timeout=probe_timeout, progress=progress))
+                                         timeout=probe_timeout, progress=progress, api_key=api_key))
             _progress_done(progress, results[-1])
     return model, results
 

@@ -19,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
+from dsaops.api_key import headers as api_key_headers
+
 # (id, prompt, expected answer). The first three are the parity prompts of the 8xH20 report.
 PROMPTS = (
     ("capital-zh", "中国的首都是哪里?只回答城市名。", "北京"),
@@ -66,9 +68,7 @@ class ProbeError(Exception):
 
 def _request(url: str, payload: dict | None, timeout: float, api_key: str | None = None) -> dict:
     data = json.dumps(payload).encode() if payload is not None else None
-    headers = {"Content-Type": "application/json"} if data else {}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+    headers = ({"Content-Type": "application/json"} if data else {}) | api_key_headers(api_key)
     req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -171,9 +171,9 @@ def _timed(name: str, kind: str, timeout: float, progress, fn) -> ProbeResult:
 
 
 def answer_probe(server_url, model, probe_id, prompt, expected, *, reference: dict | None, max_tokens, timeout,
-                 progress) -> ProbeResult:
+                 progress, api_key: str | None = None) -> ProbeResult:
     def fn():
-        answer = chat(server_url, model, prompt, max_tokens=max_tokens, timeout=timeout)
+        answer = chat(server_url, model, prompt, max_tokens=max_tokens, timeout=timeout, api_key=api_key)
         if not matches(answer, expected):
             return "fail", f"expected {expected!r}", answer, expected
         if reference is not None:
@@ -187,11 +187,12 @@ def answer_probe(server_url, model, probe_id, prompt, expected, *, reference: di
     return _timed(probe_id, "answer", timeout, progress, fn)
 
 
-def niah_probe(server_url, model, depth, position, *, max_tokens, timeout, progress) -> ProbeResult:
+def niah_probe(server_url, model, depth, position, *, max_tokens, timeout, progress,
+               api_key: str | None = None) -> ProbeResult:
     prompt, passphrase = haystack(depth, position)
 
     def fn():
-        answer = chat(server_url, model, prompt, max_tokens=max_tokens, timeout=timeout)
+        answer = chat(server_url, model, prompt, max_tokens=max_tokens, timeout=timeout, api_key=api_key)
         if passphrase.casefold() not in answer.casefold():
             return "fail", "needle not recalled", answer, passphrase
         return "pass", "needle recalled", answer, passphrase

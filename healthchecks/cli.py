@@ -16,6 +16,8 @@ def add_parser(sub) -> None:
                        description="Serve dsa_* metrics: /server_info, the server log, the scheduler processes, "
                                    "host memory and (optionally) Docker containers.")
     p.add_argument("--server-url", required=True, help="SGLang's HTTP address, e.g. http://127.0.0.1:30000")
+    p.add_argument("--api-key-file", help="a file holding the server's API key, for /server_info (never on the "
+                                          "command line); /health needs none")
     p.add_argument("--log-file", help="SGLang's log file, followed like tail -F")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
@@ -75,6 +77,8 @@ def run_exporter(args) -> int:
     from dsaops.healthchecks.http import serve
     from dsaops.healthchecks.server_info import read_plan
 
+    from dsaops import api_key
+
     host, port = parse_listen(args.listen)
     if args.interval <= 0:
         raise UserError("--interval must be a positive number of seconds")
@@ -85,7 +89,8 @@ def run_exporter(args) -> int:
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
     planned = read_plan(args.plan) if args.plan else None
-    exporter = Exporter(Config(server_url=args.server_url, node=args.node, log_file=args.log_file,
+    key = api_key.read(args.api_key_file)
+    exporter = Exporter(Config(server_url=args.server_url, api_key=key, node=args.node, log_file=args.log_file,
                                interval=args.interval, stop_window=args.stop_window, planned_tokens=planned,
                                containers=args.container, docker_url=args.docker_url, state_file=args.state_file,
                                kmsg=None if args.kmsg == "none" else args.kmsg, cgroup_root=args.cgroup_root))

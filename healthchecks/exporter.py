@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 class Config:
     server_url: str
     node: str
+    api_key: str | None = None       # for /server_info; /health is open
     log_file: str | None = None
     interval: float = 5.0            # /server_info poll
     process_interval: float = 1.0    # scheduler process poll
@@ -51,7 +52,7 @@ class Exporter:
                                       stop_window=cfg.stop_window, cgroup_root=cfg.cgroup_root,
                                       proc_root=cfg.proc, containers=self.containers,
                                       log_caught_up=self.follower.caught_up if self.follower else None)
-        self.poller = ServerInfoPoller(cfg.server_url, self.errors, interval=cfg.interval)
+        self.poller = ServerInfoPoller(cfg.server_url, self.errors, interval=cfg.interval, api_key=cfg.api_key)
         self.keeper = None
         if cfg.state_file:
             parts = {"processes": self.watcher} | ({"log": self.log} if self.log is not None else {})

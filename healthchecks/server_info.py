@@ -26,6 +26,7 @@ from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 from dsaops import concurrency
+from dsaops.api_key import headers
 from dsaops.errors import UserError
 
 # Keys read from /server_info; the contract test finds each in the pinned wheel.
@@ -135,9 +136,10 @@ def parse(raw) -> tuple[ServerInfo, list[str]]:
 
 class ServerInfoPoller(BackgroundLoop):
     def __init__(self, server_url: str, errors: ErrorCounts, interval: float = 5.0, timeout: float = 3.0,
-                 max_bytes: int = MAX_BYTES):
+                 max_bytes: int = MAX_BYTES, api_key: str | None = None):
         super().__init__("server_info", errors, interval)
         self.url, self.timeout, self.max_bytes = server_url.rstrip("/"), timeout, max_bytes
+        self.headers = headers(api_key)
         self.up = False
         self.info: ServerInfo | None = None
 
@@ -146,7 +148,7 @@ class ServerInfoPoller(BackgroundLoop):
         return False
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        return fetch.get(self.url + path, deadline_s=self.timeout, max_bytes=self.max_bytes)
+        return fetch.get(self.url + path, deadline_s=self.timeout, max_bytes=self.max_bytes, headers=self.headers)
 
     def poll(self) -> None:
         try:
@@ -157,6 +159,9 @@ class ServerInfoPoller(BackgroundLoop):
                 if not self.up:
                     self.errors.report("server_info", f"{self.url}/health did not answer 200")
                 return
+            if status in (401, 403):
+                raise fetch.FetchError(f"/server_info answered {status}: give the exporter the server's API key "
+                                       "(--api-key-file)")
             if status != 200:
                 raise fetch.FetchError(f"/server_info answered {status}")
             info, bad = parse(json.loads(body))

@@ -40,17 +40,22 @@ SERVER_INFO = {
 
 class FakeServer:
     """Serves /server_info and /health; tests change `info` (None: 404), `raw` (bytes served as is),
-    `health_status` and `health_delay` while it runs."""
+    `health_status`, `health_delay` and `api_key` (as --api-key: /server_info then answers 401 without
+    `Authorization: Bearer KEY`; /health stays open) while it runs."""
 
     def __init__(self):
         self.info = copy.deepcopy(SERVER_INFO)
         self.raw: bytes | None = None
+        self.api_key: str | None = None
         self.health_status, self.health_delay = 200, 0.0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                if self.path == "/server_info" and server.info is None and server.raw is None:
+                if (self.path != "/health" and server.api_key
+                        and self.headers.get("Authorization") != f"Bearer {server.api_key}"):
+                    self._send(401, b'{"error": "Unauthorized"}')
+                elif self.path == "/server_info" and server.info is None and server.raw is None:
                     self._send(404, b"")  # a worker node: no /server_info
                 elif self.path == "/server_info":
                     body = server.raw if server.raw is not None else json.dumps(server.info).encode()

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import urllib.parse
 
+from dsaops import api_key
 from dsaops.errors import UserError
 
 DEFAULT_TOP = 256   # the sweep's last level when the server's cap is unknown
@@ -73,19 +74,6 @@ def server_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def api_key(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            key = f.read().strip()
-    except OSError as e:
-        raise UserError(f"--api-key-file {path}: {e.strerror or e}; give a file that holds the API key") from None
-    if not key:
-        raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")
-    return key
-
-
 def positive(name: str, value, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -143,7 +131,7 @@ def run_serve(args) -> int:
     if args.plot:
         plot.check()
         writable("--plot", args.plot)
-    key = api_key(args.api_key_file)
+    key = api_key.read(args.api_key_file)
     if not generator.available():
         raise UserError(generator.INSTALL_HINT)
     model = reach(url, args.model, key)
@@ -224,7 +212,7 @@ def run_eval(args) -> int:
     if args.record:
         writable("--record", args.record)
     problems = humaneval.problems(args.limit)
-    key = api_key(args.api_key_file)
+    key = api_key.read(args.api_key_file)
     model = reach(url, args.model, key)
     run = eval_run.run(problems, server_url=url, model=model, api_key=key, concurrency=args.concurrency,
                        max_tokens=args.max_tokens, timeout=args.timeout, exec_timeout=args.exec_timeout,

@@ -28,7 +28,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _refused(self) -> bool:
+        """As SGLang with --api-key: 401 without `Authorization: Bearer KEY`."""
+        if self.server.key and self.headers.get("Authorization") != f"Bearer {self.server.key}":
+            self._send(401, {"error": "Unauthorized"})
+            return True
+        return False
+
     def do_GET(self):
+        if self._refused():
+            return
         if self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": "glm-test", "object": "model"}]})
         else:
@@ -36,6 +45,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self._refused():
+            return
         assert body["temperature"] == 0
         prompt = body["messages"][0]["content"]
         self.server.prompts.append(prompt)
@@ -78,7 +89,7 @@ def server():
 
     def serve(behave=lambda prompt: "right"):
         srv = _Server(("127.0.0.1", 0), _Handler)
-        srv.behave, srv.prompts = behave, []
+        srv.behave, srv.prompts, srv.key = behave, [], None
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         started.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}", srv
@@ -106,6 +117,19 @@ def test_right_answers_pass(server, capsys):
     assert "[1/11] answer capital-zh" in err and "needle at middle of ~1024 tokens" in err
     assert all(p["answer"] == p["expected"] for p in report["probes"])   # </think> stripped
     assert len(srv.prompts) == 11 and srv.prompts[-1] == vp.haystack(1024, "end")[0]
+
+
+def test_the_api_key_comes_from_a_file(server, capsys, tmp_path):
+    url, srv = server()
+    srv.key = "k3y-from-the-inventory-secrets"
+    code, report, _ = verify(url, capsys)
+    assert code == 1 and report["probes"][0]["detail"].startswith("/v1/models: HTTP 401")
+    key = tmp_path / "api-key"
+    key.write_text(srv.key + "\n")
+    code, report, _ = verify(url, capsys, "--api-key-file", str(key))
+    assert code == 0 and set(statuses(report).values()) == {"pass"}
+    assert main(["verify", "--server-url", url, "--api-key-file", str(tmp_path / "none")]) == 2
+    assert "--api-key-file" in capsys.readouterr().err
 
 
 def test_wrong_answers_fail_and_only_those(server, capsys):

@@ -17,12 +17,17 @@ def dsaops(*args, timeout=30):
 
 
 def test_exporter_serves_with_node_and_plan(tmp_path, fake_server):
+    """The server wants its API key for /server_info (as SGLang with --api-key): the exporter reads it from a file."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "kv_layout": "raw_fp8"}))
+    fake_server.api_key = "the-clusters-api-key-0123456789"
+    key = tmp_path / "api-key"
+    key.write_text(fake_server.api_key + "\n")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", fake_server.url,
                              "--listen", f"127.0.0.1:{port}", "--node", "gb10-a", "--plan", str(plan),
-                             "--interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--api-key-file", str(key), "--interval", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "serving" in proc.stdout.readline()
 
@@ -46,6 +51,8 @@ def test_bad_listen_plan_and_busy_port_are_clear_errors(tmp_path):
     assert r.returncode == 2 and "give HOST:PORT" in r.stderr
     r = dsaops("exporter", "--server-url", "127.0.0.1:30000")
     assert r.returncode == 2 and "http://" in r.stderr
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--api-key-file", str(tmp_path / "no-key"))
+    assert r.returncode == 2 and r.stderr.startswith("dsaops exporter: --api-key-file") and r.stderr.count("\n") == 1
     bad = tmp_path / "plan.json"
     bad.write_text("{}")
     r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--plan", str(bad))

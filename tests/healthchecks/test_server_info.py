@@ -16,9 +16,9 @@ from dsaops.errors import UserError
 from tests.healthchecks.prometheus_text import exposition
 
 
-def metrics(fake_server, log: LogState | None = None, planned=None):
+def metrics(fake_server, log: LogState | None = None, planned=None, api_key=None):
     errors = ErrorCounts()
-    poller = ServerInfoPoller(fake_server.url, errors, timeout=2)
+    poller = ServerInfoPoller(fake_server.url, errors, timeout=2, api_key=api_key)
     poller.poll()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServerInfoCollector(poller, log, Families("n1"), planned))
@@ -89,6 +89,15 @@ def test_worker_node_404_falls_back_to_health(fake_server):
     fake_server.health_status = 503
     out, errors = metrics(fake_server)
     assert out['dsa_server_up{node="n1"}'] == 0 and errors.counts()["server_info"] == 1
+
+
+def test_a_server_with_an_api_key_needs_it_for_server_info(fake_server, capsys):
+    fake_server.api_key = "k" * 32
+    out, errors = metrics(fake_server)
+    assert out['dsa_server_up{node="n1"}'] == 0 and errors.counts()["server_info"] == 1
+    assert "answered 401: give the exporter the server's API key (--api-key-file)" in capsys.readouterr().err
+    out, errors = metrics(fake_server, api_key="k" * 32)
+    assert out['dsa_server_up{node="n1"}'] == 1 and errors.counts()["server_info"] == 0
 
 
 def test_foreign_json_is_down_and_counted(fake_server):

@@ -1,0 +1,33 @@
+"""The server's API key for dsaops' own clients (`dsaops verify`, `dsaops bench`, the exporter).
+
+A key is read from a file, never taken on a command line, where `ps` shows it to every user of
+the machine. The playbooks keep the cluster's key beside the inventory
+(`<inventory>.secrets/api-key`, mode 0600) and put a copy on each node for the exporter. SGLang
+leaves /health and /metrics open, so health checks need no key.
+"""
+from __future__ import annotations
+
+from dsaops.errors import UserError
+
+
+def read(path: str | None, flag: str = "--api-key-file") -> str | None:
+    """The key in `path` (surrounding whitespace dropped), or None without a path; UserError when
+    the file cannot be read or holds no key."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise UserError(f"{flag} {path}: {why}; give a file that holds the server's API key") from None
+    if not key:
+        raise UserError(f"{flag} {path} is empty: write the server's API key in it")
+    if any(c.isspace() for c in key):
+        raise UserError(f"{flag} {path}: holds more than the key; write the server's API key alone on one line")
+    return key
+
+
+def headers(key: str | None) -> dict[str, str]:
+    """The Authorization header SGLang's API key middleware checks (`Bearer KEY`); none without a key."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
