@@ -1,22 +1,108 @@
-"""The exporter's HTTP side: /metrics (a fresh registry per scrape) and a small index page."""
+"""The exporter's HTTP side: /metrics (a fresh registry per scrape) and a small index page.
+
+Bounded: a connection gets a worker thread only once its request has started to arrive (idle
+connections wait in one selector, costing no thread), at most `workers` requests are handled at
+once, a connection that sends nothing for `idle_timeout` seconds is closed, a request must arrive
+within `read_timeout` seconds per read, and past `max_connections` open connections the oldest idle
+one is dropped for the newcomer. A flood of idle or slow sockets thus holds a bounded number of
+threads, and a scrape still gets a worker.
+"""
 from __future__ import annotations
 
-import socketserver
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+import selectors
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 INDEX = b"""<html><head><title>dsaops exporter</title></head>
 <body><h1>dsaops exporter</h1><p><a href="/metrics">Metrics</a></p></body></html>"""
-
-
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+WORKERS = 4
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 5.0
 
 
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, *args):  # one line per scrape is noise in the server's log
         pass
+
+
+class BoundedServer(WSGIServer):
+    """A WSGI server that accepts on one thread, waits for requests on a second and answers on a
+    bounded pool; see the module's docstring."""
+
+    request_queue_size = 128    # the kernel's accept queue: a burst of connects waits there, not in SYN retries
+
+    def __init__(self, address, *, workers: int = WORKERS, max_connections: int = MAX_CONNECTIONS,
+                 idle_timeout: float = IDLE_TIMEOUT_S, read_timeout: float = READ_TIMEOUT_S):
+        self.idle_timeout, self.read_timeout, self.max_connections = idle_timeout, read_timeout, max_connections
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="exporter-http")
+        self._idle = selectors.DefaultSelector()
+        self._since: dict[socket.socket, float] = {}    # idle connections, oldest first
+        self._busy = 0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        super().__init__(address, _QuietHandler)        # closes the server (server_close) when it cannot bind
+        threading.Thread(target=self._wait_for_requests, name="exporter-http-idle", daemon=True).start()
+
+    def process_request(self, request, client_address):
+        """On the accepting thread: park the connection until its request arrives."""
+        with self._lock:
+            if len(self._since) + self._busy >= self.max_connections:
+                if not self._since:
+                    self.shutdown_request(request)      # every connection is being answered: refuse
+                    return
+                self._forget(next(iter(self._since)), close=True)
+            self._since[request] = time.monotonic()
+            self._idle.register(request, selectors.EVENT_READ, client_address)
+
+    def _forget(self, conn: socket.socket, close: bool) -> None:
+        self._idle.unregister(conn)
+        del self._since[conn]
+        if close:
+            self.shutdown_request(conn)
+
+    def _wait_for_requests(self) -> None:
+        while not self._closed.is_set():
+            with self._lock:
+                empty = not self._since
+            if empty:
+                time.sleep(0.05)
+                continue
+            ready = self._idle.select(timeout=0.2)
+            now = time.monotonic()
+            with self._lock:
+                for key, _ in ready:
+                    if key.fileobj in self._since:
+                        self._forget(key.fileobj, close=False)
+                        self._busy += 1
+                        self._pool.submit(self._answer, key.fileobj, key.data)
+                for conn, since in list(self._since.items()):
+                    if now - since > self.idle_timeout:
+                        self._forget(conn, close=True)
+
+    def _answer(self, conn: socket.socket, client_address) -> None:
+        try:
+            conn.settimeout(self.read_timeout)
+            self.finish_request(conn, client_address)
+        except OSError:      # the client went away or timed out mid-request
+            pass
+        finally:
+            self.shutdown_request(conn)
+            with self._lock:
+                self._busy -= 1
+
+    def server_close(self):
+        self._closed.set()
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            for conn in list(self._since):
+                self._forget(conn, close=True)
 
 
 def app(exporter):
@@ -36,6 +122,8 @@ def app(exporter):
     return wsgi
 
 
-def serve(exporter, host: str, port: int):
+def serve(exporter, host: str, port: int, **limits) -> BoundedServer:
     """A started-but-not-serving server; call `serve_forever()` (or run it in a thread)."""
-    return make_server(host, port, app(exporter), server_class=_Server, handler_class=_QuietHandler)
+    server = BoundedServer((host, port), **limits)
+    server.set_app(app(exporter))
+    return server
