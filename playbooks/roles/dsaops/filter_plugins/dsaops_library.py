@@ -4,9 +4,10 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
 
   preflight_cluster | dsaops_sglang_args(nnodes=, node_rank=, dist_init_addr=, host=,
                                          enable_metrics=, target=, plan=, extra_args=, model_path=,
-                                         served_model_name=)
+                                         served_model_name=, config_file=)
       one node's whole `sglang.launch_server` argument list (dsaops.launch_args); the prefill
-      bound is the plan's (fitted to its memory) or, without a plan, the targets table's
+      bound is the plan's (fitted to its memory) or, without a plan, the targets table's; on one
+      node the TCPStore's port (--nccl-port) is the dist-init port, which the network role fences
   preflight_cluster | dsaops_plan(target=, nodes=)
       {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}
   dsaops_target | dsaops_image(registry=)
@@ -15,6 +16,16 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
   rule_files | dsaops_exporter_job
       the scrape job name the packaged alert rules select (dsaops.healthchecks.scrape)
+  prefix | dsaops_checked_names
+      the variables dsaops.inventory_checks has a rule for, starting with prefix ('' for all)
+  {name: value} | dsaops_refusals
+      one line per value that rule refuses, naming the variable (dsaops.inventory_checks)
+  settings | dsaops_sglang_ports
+      the ports SGLang opens for its own processes, which the network role fences (dsaops.sglang_ports)
+  addresses | dsaops_nft_elements(what)
+      IPv4 addresses and networks, checked and merged for an nftables set (dsaops.fence)
+  monitoring_hosts | dsaops_monitoring_sources(hostvars, allow)
+      the addresses the monitoring hosts scrape from, plus `allow`, for the fence's set (dsaops.fence)
 
 `preflight_cluster` is the inventory's cluster-wide settings as preflight/tasks/inventory.yml
 records them. The dsaops package is imported from this checkout (the folder that holds
@@ -28,9 +39,10 @@ if (_CHECKOUT / "dsaops" / "__init__.py").is_file() and str(_CHECKOUT) not in sy
     sys.path.insert(0, str(_CHECKOUT))
 
 # importable only once the checkout is on the path
+from ansible.errors import AnsibleFilterError
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import targets
+from dsaops import fence, inventory_checks, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -46,7 +58,7 @@ def _float(value):
 
 
 def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metrics, target, plan=None, extra_args=(),
-                model_path=None, served_model_name=None):
+                model_path=None, served_model_name=None, config_file=None):
     chunk = plan["prefill_chunk_tokens"] if plan else targets.get(str(target)).chunked_prefill_size or None
     spec = ClusterSpec(
         tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]), ep_size=int(cluster["ep_size"]),
@@ -54,10 +66,11 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
         dsa_prefill_backend=str(cluster["dsa_prefill_backend"]), dsa_decode_backend=str(cluster["dsa_decode_backend"]),
         mem_fraction_static=_float(cluster["mem_fraction_static"]),
         max_running_requests=_int(cluster["max_running_requests"]), chunked_prefill_size=_int(chunk),
-        served_model_name=str(served_model_name) if served_model_name else None, enable_metrics=bool(enable_metrics))
+        served_model_name=str(served_model_name) if served_model_name else None, enable_metrics=bool(enable_metrics),
+        nccl_port=int(cluster["dist_init_port"]) if int(nnodes) == 1 else None)
     node = NodeSpec(model_path=str(model_path or cluster["model_path"]), host=str(host), port=int(cluster["server_port"]),
                     node_rank=int(node_rank), dist_init_addr=str(dist_init_addr),
-                    extra_args=tuple(str(a) for a in extra_args))
+                    config_file=str(config_file) if config_file else None, extra_args=tuple(str(a) for a in extra_args))
     return launch_args(spec, node)
 
 
@@ -81,7 +94,7 @@ def image(target, *, registry=""):
 
 def exporter_containers(settings):
     fields = {**settings, "server_port": int(settings["server_port"]), "kmsg": bool(settings["kmsg"]),
-              "plan": settings.get("plan") or None}
+              "plan": settings.get("plan") or None, "docker_gid": int(settings.get("docker_gid", 0))}
     return deploy.containers(deploy.ExporterDeployment(**fields))
 
 
@@ -89,7 +102,41 @@ def exporter_job(rule_files):
     return scrape.exporter_job([str(path) for path in rule_files])
 
 
+def sglang_internal_ports(settings):
+    return sglang_ports.internal_ports(server_port=int(settings["server_port"]),
+                                       dist_init_port=int(settings["dist_init_port"]), nnodes=int(settings["nnodes"]),
+                                       attn_dp_size=int(settings["attn_dp_size"]))
+
+
+def nft_elements(addresses, what):
+    try:
+        return fence.nft_elements([str(a) for a in addresses], str(what))
+    except UserError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
+def monitoring_sources(hosts, hostvars, allow=()):
+    """Each monitoring host's address as this controller resolves its ansible_host (its traffic's source on a
+    flat network), its cluster address when it has one, and `allow`; a host Ansible reaches locally is the
+    controller itself, whose own traffic arrives on loopback."""
+    found = []
+    try:
+        for host in hosts:
+            facts = hostvars[host]
+            if facts.get("ansible_connection") == "local":
+                continue
+            found.append(fence.ipv4_of(str(facts.get("ansible_host") or host), f"monitoring host {host}"))
+            if facts.get("dsaops_cluster_address"):
+                found.append(str(facts["dsaops_cluster_address"]))
+        return fence.nft_elements([*found, *(str(a) for a in allow)], "dsaops_monitoring_allow")
+    except UserError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
 class FilterModule:
     def filters(self):
         return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image,
-                "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_job": exporter_job}
+                "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_job": exporter_job,
+                "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
+                "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
+                "dsaops_monitoring_sources": monitoring_sources}

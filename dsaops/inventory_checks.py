@@ -1,0 +1,195 @@
+"""What an inventory value may be before any playbook template renders it: one table for every role.
+
+Every variable that reaches a rendered file (a shell script systemd runs as root, a systemd unit, an
+nftables rule set, a YAML configuration) or a command has a kind here, and each kind a rule. The
+playbooks ask `refusals({name: value})` through the dsaops_refusals filter (check-inventory.yml
+for the whole inventory before anything runs, and the first task of each role for its own
+variables): each refusal is one line naming the variable, its value and what it may be. The
+templates still quote for their own language; this table keeps out what no quoting makes safe
+(a newline in a unit file, a `;` in an nftables rule) and what SGLang or Docker would refuse later.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+
+_KEY_FLAGS = {"--api-key", "--admin-api-key"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?")
+_IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
+                    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+_PATH = re.compile(r"(/[A-Za-z0-9_.+@-]+)+/?|/")
+_HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_SECRET = re.compile(r"[\x21-\x7e]*")     # printable ASCII, no space: one word in a file, a header, YAML
+_SIZE = re.compile(r"[0-9]+[bkmg]?", re.IGNORECASE)
+_DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _int(value) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value):
+        return int(value)
+    return None
+
+
+def _match(pattern: re.Pattern) -> Callable[[object], bool]:
+    return lambda v: isinstance(v, str) and pattern.fullmatch(v) is not None
+
+
+def _ipv4(value) -> bool:
+    try:
+        ipaddress.IPv4Address(str(value))
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
+def _ip(value) -> bool:
+    try:
+        ipaddress.ip_address(str(value))
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
+def _cidr(value) -> bool:
+    try:
+        ipaddress.IPv4Network(str(value), strict=False)
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
+def _list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+
+
+def _between(low: float, high: float, whole: bool = True) -> Callable[[object], bool]:
+    def check(value) -> bool:
+        if whole:
+            number = _int(value)
+        else:
+            try:
+                number = float(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                number = None
+        return number is not None and low <= number <= high
+    return check
+
+
+def _no_control(value) -> bool:
+    return isinstance(value, str) and not any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
+def _env(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _ENV_NAME.fullmatch(k) and _no_control(str(v)) for k, v in value.items())
+
+
+# kind: (check, what a value of that kind may be)
+KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "host": (lambda v: _match(_HOST)(v) or _ip(v), ("a host name or address: letters, digits, '.', '-', '_' (no spaces "
+                                                   "or newlines)")),
+    "name": (_match(_NAME), "a name of letters, digits, '_', '.', '-' (as Docker allows), starting with a letter or digit"),
+    "interface": (_match(re.compile(r"[A-Za-z0-9_.-]{1,15}")), ("a network interface name: at most 15 letters, digits, "
+                                                                "'_', '.', '-'")),
+    "interfaces": (_list_of(_match(re.compile(r"[A-Za-z0-9_.-]{1,64}"))), ("a list of device names (letters, digits, "
+                                                                           "'_', '.', '-')")),
+    "ipv4": (_ipv4, "an IPv4 address such as 192.168.100.1"),
+    "ip": (_ip, "an IP address such as 0.0.0.0 or 127.0.0.1"),
+    "cidrs": (_list_of(_cidr), "a list of IPv4 addresses or networks such as 10.0.0.0/24"),
+    "port": (_between(1, 65535), "a TCP port, 1 to 65535"),
+    "positive": (_between(1, 1 << 20), "a whole number of 1 or more"),
+    "seconds": (_between(1, 1 << 31), "a whole number of seconds, 1 or more"),
+    "fraction": (_between(0.01, 0.99, whole=False), "a fraction between 0 and 1, e.g. 0.85"),
+    "gib": (_between(0.01, 1 << 20, whole=False), "a positive number of GiB"),
+    "image": (_match(_IMAGE), "a Docker image reference such as registry:5000/dsaops/sglang:0.5.23-sm_90 (not empty)"),
+    "path": (_match(_PATH), "an absolute path of letters, digits and '_', '.', '+', '@', '-' (no spaces)"),
+    "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
+                                                      "'@', '-'")),
+    "model": (lambda v: _match(_PATH)(v) or _match(_HF_ID)(v), "a Hugging Face id (org/name) or an absolute path"),
+    "secret": (lambda v: v == "" or (_match(_SECRET)(v) and len(v) >= 16),
+               "empty (generated), or at least 16 printable characters without spaces"),
+    "token": (_match(_SECRET), "printable characters without spaces or newlines"),
+    "size": (lambda v: v is None or _match(_SIZE)(v), "a size such as 32g"),
+    "duration": (_match(_DURATION), "a Prometheus duration such as 5s"),
+    "args": (lambda v: _list_of(_no_control)(v) and not any(str(a).split("=")[0] in _KEY_FLAGS for a in v),
+             ("a list of strings without newlines or other control characters, and without --api-key or "
+             "--admin-api-key (set dsaops_api_key / dsaops_admin_api_key: they stay off the command line)")),
+    "env": (_env, "a mapping of NAME (letters, digits, '_') to values without newlines"),
+    "url": (lambda v: v == "" or (_no_control(v) and re.fullmatch(r"https?://\S+", v) is not None),
+            "empty, or an http(s) URL without spaces"),
+    "docker_host": (lambda v: v == "" or (_no_control(v) and re.fullmatch(r"(unix|tcp|ssh)://\S+", v) is not None),
+                    "empty, or a Docker address such as unix:///run/docker.sock"),
+    "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
+    "mtu": (lambda v: v is None or _between(576, 9216)(v), "an MTU of 576 to 9216"),
+}
+
+# variable: kind. Variables that are unset (None) are skipped unless their kind allows None.
+VARIABLES: dict[str, str] = {
+    "inventory_hostname": "host", "ansible_host": "host",
+    "dsaops_target": "name", "dsaops_image": "image", "dsaops_image_registry": "root_or_registry",
+    "dsaops_docker_host": "docker_host", "dsaops_model_path": "model", "dsaops_weights_source_host": "host",
+    "dsaops_weights_dir": "path", "dsaops_gpus_per_node": "positive", "dsaops_tp_size": "positive",
+    "dsaops_attn_dp_size": "positive", "dsaops_ep_size": "positive", "dsaops_kv_cache_dtype": "name",
+    "dsaops_dsa_prefill_backend": "name", "dsaops_dsa_decode_backend": "name", "dsaops_gpu_memory_gib": "gib",
+    "dsaops_weights_gib": "gib", "dsaops_max_running_requests": "positive", "dsaops_mem_fraction_static": "fraction",
+    "dsaops_cluster_interface": "interface", "dsaops_cluster_address": "ipv4", "dsaops_ib_hca": "interfaces",
+    "dsaops_server_container": "name", "dsaops_log_dir": "path", "dsaops_server_port": "port",
+    "dsaops_dist_init_port": "port", "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "ip",
+    "dsaops_monitoring_allow": "cidrs", "dsaops_root": "root", "dsaops_api_key": "secret",
+    "dsaops_admin_api_key": "secret",
+    "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
+    "sglang_server_listen_host": "ip", "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
+    "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
+    "sglang_server_memory_limit": "size", "sglang_server_memory_wait_s": "seconds",
+    "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
+    "sglang_server_hf_cache": "path", "sglang_server_log_dir": "path", "sglang_server_config_dir": "path",
+    "sglang_server_script": "path", "sglang_server_cache_dir": "path",
+    "sglang_server_health_probe_timeout": "seconds", "sglang_server_health_wait_s": "seconds",
+    "sglang_server_smoke_bench_concurrency": "levels",
+    "monitoring_exporter_state_dir": "path", "monitoring_exporter_run_dir": "path", "monitoring_exporter_script": "path",
+    "monitoring_prometheus_dir": "path", "monitoring_alertmanager_dir": "path", "monitoring_grafana_dir": "path",
+    "monitoring_prometheus_data_dir": "path", "monitoring_alertmanager_data_dir": "path",
+    "monitoring_prometheus_image": "image", "monitoring_alertmanager_image": "image",
+    "monitoring_grafana_image": "image", "monitoring_prometheus_port": "port", "monitoring_alertmanager_port": "port",
+    "monitoring_grafana_port": "port", "monitoring_scrape_interval": "duration", "monitoring_alertmanager_listen": "ip",
+    "monitoring_alert_webhook_url": "url", "monitoring_datasource_uid": "name",
+    "monitoring_grafana_admin_password": "secret",
+    "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
+    "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
+    "weights_hf_token": "token", "host_memory_sysctl_file": "path", "host_memory_sshd_unit": "name",
+}
+KINDS["root_or_registry"] = (lambda v: v == "" or _match(re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*"))(v),
+                             "empty, or a registry prefix such as registry.lan:5000/team")
+_NULLABLE = {"size", "mtu"}
+_SECRETS = {"secret", "token"}     # never repeated in a message
+
+
+def refusal(name: str, value) -> str | None:
+    """Why `value` cannot be variable `name`, in one line; None when it can (or `name` is not in the table)."""
+    kind = VARIABLES.get(name)
+    if kind is None or (value is None and kind not in _NULLABLE):
+        return None
+    check, allowed = KINDS[kind]
+    if check(value):
+        return None
+    if kind in _SECRETS:
+        return f"{name} (not shown) is refused: it must be {allowed}."
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return f"{name}={shown} is refused: it must be {allowed}."
+
+
+def refusals(values: Mapping[str, object]) -> list[str]:
+    """One line per refused value, in the table's order."""
+    return [line for name in VARIABLES if name in values and (line := refusal(name, values[name])) is not None]
+
+
+def names(prefix: str = "") -> list[str]:
+    """The table's variables starting with `prefix` (all with '')."""
+    return [name for name in VARIABLES if name.startswith(prefix)]
