@@ -34,6 +34,7 @@ class ClusterSpec:
     chunked_prefill_size: int | None = None  # most tokens one prefill chunk takes (the target's bound)
     served_model_name: str | None = None     # the model id clients see, when --model-path is a local folder
     enable_metrics: bool = False             # Prometheus /metrics on the server port
+    nccl_port: int | None = None             # one node: the TCPStore's port (SGLang draws one at random without it)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class NodeSpec:
     port: int
     node_rank: int = 0
     dist_init_addr: str | None = None    # HOST:PORT of node rank 0
+    config_file: str | None = None       # SGLang's --config: a YAML file of flags kept off the command line (keys)
     extra_args: tuple[str, ...] = field(default_factory=tuple)   # appended last, so they win
 
 
@@ -83,6 +85,8 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
         out += ["--speculative-algorithm", "EAGLE"]
     if spec.enable_metrics:
         out.append("--enable-metrics")
+    if spec.nccl_port is not None:
+        out += ["--nccl-port", str(spec.nccl_port)]
     return out
 
 
@@ -95,6 +99,8 @@ def launch_args(spec: ClusterSpec, node: NodeSpec) -> list[str]:
         if not 0 <= node.node_rank < spec.nnodes:
             raise ValueError(f"node rank {node.node_rank} is not in 0..{spec.nnodes - 1}")
         out += ["--node-rank", str(node.node_rank), "--dist-init-addr", node.dist_init_addr]
+    if node.config_file:
+        out += ["--config", node.config_file]
     return out + list(node.extra_args)
 
 

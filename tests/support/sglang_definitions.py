@@ -9,8 +9,10 @@ source's definition changes or disappears.
 from __future__ import annotations
 import __future__
 
+import argparse
 import ast
 import copy
+import importlib.util
 import sys
 import types
 from functools import lru_cache
@@ -89,8 +91,8 @@ def fake_modules(monkeypatch, modules: dict[str, dict]) -> None:
 
 
 def cli_flags(root: Path | None = None) -> dict[str, list | None]:
-    """Every launch_server flag the pinned SGLang defines (srt/arg_groups/fields/*.py), with its
-    choices where they are a literal list."""
+    """Every launch_server flag the pinned SGLang defines (srt/arg_groups/fields/*.py and the ones
+    server_args.py adds itself), with its choices where they are a literal list."""
     flags = {}
     for path in source_file("srt/arg_groups/fields", root).glob("*.py"):
         for node in ast.walk(_tree(path)):
@@ -107,4 +109,33 @@ def cli_flags(root: Path | None = None) -> dict[str, list | None]:
                         elif kw.arg == "choices" and isinstance(kw.value, ast.List):
                             choices = ast.literal_eval(kw.value)
             flags.update({name: choices for name in names})
+    # The few registered by hand in server_args.py (--config among them)
+    for node in ast.walk(_tree(source_file("srt/server_args.py", root))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            flags.update({a.value: None for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")})
     return flags
+
+
+def sglang_module(rel: str, root: Path | None = None):
+    """A self-contained file of the pinned wheel (its imports are stdlib or installed here), loaded as a
+    module of its own."""
+    spec = importlib.util.spec_from_file_location(f"pinned_{rel.replace('/', '_')[:-3]}", source_file(rel, root))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module        # dataclasses look their class's module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_server_args(argv: list[str], flags=("--model-path", "--api-key", "--admin-api-key", "--port")):
+    """SGLang's prepare_server_args up to argparse: a --config file merged by SGLang's own merger
+    (srt/utils/server_args_config_parser.py) into an argparse parser holding `flags`, each checked to be a
+    flag of the pinned SGLang. Returns (parsed namespace, the merged argument list)."""
+    known = cli_flags()
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    for flag in flags:
+        assert flag in known, f"{flag} is not a flag of the pinned SGLang"
+        parser.add_argument(flag)
+    parser.add_argument("--config")
+    merger = sglang_module("srt/utils/server_args_config_parser.py").ConfigArgumentMerger(parser)
+    merged = merger.merge_config_with_args(argv)
+    return parser.parse_args(merged), merged
