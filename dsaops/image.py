@@ -80,6 +80,7 @@ def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
         "TORCH_CUDA_ARCH_LIST": target.torch_cuda_arch_list,
         "PYTORCH_ROCM_ARCH": target.gpu_arch if target.vendor == "amd" else "",
         "FP8_DTYPE": target.fp8_dtype,
+        "IMAGE_UID": str(target.image_uid),
         "DSAOPS_VERSION": __version__,
         "SOURCE_URL": _git("remote", "get-url", "origin"),
         "REVISION": _git("describe", "--always", "--dirty", "--abbrev=40"),

@@ -38,6 +38,7 @@ class Target:
     decode_evidence: str    # the measurement behind dsaops_decode, said in the server's log
     chunked_prefill_size: int       # most tokens a prefill chunk takes; 0: SGLang's own choice
     server_env: dict[str, str]      # environment the server container gets on this target
+    image_uid: int                  # the serving image's user: 0 (root) or dsaops' own
 
     def has(self, feature: str) -> bool:
         return feature in self.features
