@@ -17,11 +17,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from dsaops.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
 PHASES = ("preflight", "host_memory", "network", "image", "weights", "sglang_server", "health", "monitoring")
+# Variables whose value `-e` would put on ansible-playbook's command line, where `ps` shows it to every user.
+SECRETS = ("sglang_server_hf_token", "weights_hf_token", "dsaops_api_key", "dsaops_admin_api_key",
+           "monitoring_grafana_admin_password")
 
 
 def add_parser(sub) -> None:
@@ -73,6 +78,19 @@ def check_inventory(inventory: Path, path: str) -> set[str]:
     return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
 
 
+def inline_secret(extra: str) -> str | None:
+    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there)."""
+    if extra.startswith("@"):
+        return None
+    try:
+        parsed = yaml.safe_load(extra) if extra.lstrip().startswith("{") else None
+    except yaml.YAMLError:
+        parsed = None
+    names = set(parsed) if isinstance(parsed, dict) else {
+        word.split("=", 1)[0] for word in shlex.split(extra, posix=True) if "=" in word}
+    return next((name for name in SECRETS if name in names), None)
+
+
 def run(args) -> int:
     return deploy(args.inventory, check=args.check, print_commands=args.print_commands, tags=args.tags,
                   limit=args.limit, extra_vars=args.extra_vars, verbose=args.verbose)
@@ -86,6 +104,15 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
         raise UserError(f"the playbooks are not here ({PLAYBOOKS}); run dsaops deploy from a dsaops source checkout")
     if print_commands and (check or tags):
         raise UserError("--print-commands renders commands only; drop --check/--tags")
+    token = os.environ.get("HF_TOKEN", "")
+    if token and not token.isprintable() or " " in token:
+        raise UserError("HF_TOKEN in the environment holds a newline, space or other unprintable character; "
+                        "give the Hugging Face token alone")
+    for extra in extra_vars:
+        if secret := inline_secret(extra):
+            raise UserError(f"-e {secret}=...: a secret on the command line is shown by ps to every user; give it "
+                            "from an Ansible vault in the inventory, from a file (-e @FILE, mode 0600), or, for the "
+                            "Hugging Face token, as HF_TOKEN in dsaops deploy's environment")
     if tags:
         unknown = set(tags.split(",")) - set(PHASES)
         if unknown:

@@ -7,7 +7,9 @@ import socket
 
 from dsaops.errors import UserError
 
-DEFAULT_LISTEN = "0.0.0.0:9860"  # not 9400 (dcgm-exporter) nor 9100 (node_exporter)
+# not 9400 (dcgm-exporter) nor 9100 (node_exporter); loopback unless told otherwise (the playbooks give
+# each node's exporter an address and fence its port to the monitoring hosts)
+DEFAULT_LISTEN = "127.0.0.1:9860"
 DEFAULT_PROXY_SOCKET = "/run/dsaops/docker.sock"
 
 

@@ -4,14 +4,17 @@ for the playbook (the dsaops_exporter_containers filter) and the tests.
 Two containers from the serving image, each with Docker's restart policy:
 
 - `dsaops-docker-proxy`: holds the Docker socket, answers only the state of the server container
-  (`dsaops docker-proxy`), on a Unix socket in `run_dir`; no network, read-only, no capabilities.
+  (`dsaops docker-proxy`), on a Unix socket in `run_dir`; no network, read-only, no capabilities,
+  as user nobody (65534) in the Docker socket's group (`docker_gid`).
 - `dsaops-exporter`: `dsaops exporter` with what each fact needs and no more:
   the server log's folder read-only; its own state folder; the host's PID namespace (the ranks,
   and their pids inside the server container through NSpid) and the host's cgroup namespace with
-  the node's cgroup tree read-only (where an OOM kill is counted); the proxy's socket; with `kmsg`,
-  /dev/kmsg and CAP_SYSLOG (the kernel's OOM record, which names the pid). Host network (it serves
-  /metrics and reads the server on loopback), read-only root, no other capability, no new
-  privileges.
+  the node's cgroup tree read-only (where an OOM kill is counted); the proxy's socket; the API key
+  file read-only (for /server_info); with `kmsg`, /dev/kmsg and CAP_SYSLOG (the kernel's OOM
+  record, which names the pid). Host network (it serves /metrics and reads the server on
+  loopback), read-only root, no other capability, no new privileges. It runs as nobody; with
+  `kmsg` as uid 0 holding CAP_SYSLOG alone (Docker gives an added capability to uid 0 only), in
+  nobody's group to reach the proxy's socket.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 CGROUP_MOUNT = "/host/sys/fs/cgroup"
+NOBODY = 65534
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,9 @@ class ExporterDeployment:
     state_dir: str = "/var/lib/dsaops/exporter"
     run_dir: str = "/run/dsaops"
     plan: str | None = None
+    api_key_file: str | None = None
     kmsg: bool = True
+    docker_gid: int = 0
     exporter_name: str = "dsaops-exporter"
     proxy_name: str = "dsaops-docker-proxy"
     docker_socket: str = "/var/run/docker.sock"
@@ -40,6 +46,11 @@ class ExporterDeployment:
     @property
     def proxy_socket(self) -> str:
         return f"{self.run_dir}/docker.sock"
+
+    @property
+    def exporter_uid(self) -> int:
+        """The exporter's user: nobody, or uid 0 where it needs CAP_SYSLOG for /dev/kmsg."""
+        return 0 if self.kmsg else NOBODY
 
 
 def _detached(name: str) -> list[str]:
@@ -49,7 +60,8 @@ def _detached(name: str) -> list[str]:
 
 def proxy_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
     """`docker run` arguments of the Docker proxy (after `docker run`)."""
-    return [*_detached(d.proxy_name), "--network", "none",
+    return [*_detached(d.proxy_name), "--network", "none", "--user", f"{NOBODY}:{NOBODY}",
+            "--group-add", str(d.docker_gid),
             "--volume", f"{d.docker_socket}:/var/run/docker.sock", "--volume", f"{d.run_dir}:{d.run_dir}",
             *extra, d.image,
             "dsaops", "docker-proxy", "--allow", d.server_container, "--listen", d.proxy_socket]
@@ -58,19 +70,24 @@ def proxy_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
 def exporter_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
     """`docker run` arguments of the exporter (after `docker run`)."""
     log_dir = str(PurePosixPath(d.log_file).parent)
-    options = [*_detached(d.exporter_name), "--network", "host", "--pid", "host", "--cgroupns", "host",
+    options = [*_detached(d.exporter_name), "--user", f"{d.exporter_uid}:{d.exporter_uid}", "--group-add", str(NOBODY),
+               "--network", "host", "--pid", "host", "--cgroupns", "host",
                "--volume", f"{log_dir}:{log_dir}:ro", "--volume", f"{d.state_dir}:{d.state_dir}",
                "--volume", f"/sys/fs/cgroup:{CGROUP_MOUNT}:ro", "--volume", f"{d.run_dir}:{d.run_dir}"]
     if d.kmsg:
         options += ["--device", "/dev/kmsg:/dev/kmsg:r", "--cap-add", "SYSLOG"]
     if d.plan:
         options += ["--volume", f"{d.plan}:{d.plan}:ro"]
+    if d.api_key_file:
+        options += ["--volume", f"{d.api_key_file}:{d.api_key_file}:ro"]
     command = ["dsaops", "exporter", "--server-url", f"http://127.0.0.1:{d.server_port}", "--log-file", d.log_file,
                "--state-file", f"{d.state_dir}/state.json", "--listen", d.listen, "--node", d.node,
                "--container", d.server_container, "--docker-url", f"unix://{d.proxy_socket}",
                "--cgroup-root", CGROUP_MOUNT, "--kmsg", "/dev/kmsg" if d.kmsg else "none"]
     if d.plan:
         command += ["--plan", d.plan]
+    if d.api_key_file:
+        command += ["--api-key-file", d.api_key_file]
     return [*options, *extra, d.image, *command]
 
 

@@ -117,11 +117,12 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = lambda self: self._refuse()
 
 
-def serve(listen: str, docker_socket: str, allow: list[str], mode: int = 0o600) -> _Server:
-    """A proxy listening on the Unix socket `listen` (replacing a stale one); call serve_forever()."""
+def serve(listen: str, docker_socket: str, allow: list[str], mode: int = 0o660) -> _Server:
+    """A proxy listening on the Unix socket `listen` (replacing a stale one); call serve_forever(). Its
+    user and group may connect (the exporter runs as the one, or in the other)."""
     if os.path.exists(listen) and not os.path.isdir(listen):
         os.unlink(listen)
-    old = os.umask(0o177)
+    old = os.umask(0o117)
     try:
         server = _Server(listen, docker_socket, set(allow))
     finally:

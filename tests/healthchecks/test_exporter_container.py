@@ -27,15 +27,21 @@ pytestmark = pytest.mark.timeout(300)
 def node(dockerd, host_image, tmp_path_factory):
     tag = uuid.uuid4().hex[:6]
     tmp = tmp_path_factory.mktemp("node")
-    for folder in ("log", "state", "run"):
+    for folder in ("log", "state", "run", "etc"):
         (tmp / folder).mkdir()
+    os.chown(tmp / "run", 65534, 65534)        # as the monitoring role makes it: the proxy (nobody) writes there
+    (tmp / "run").chmod(0o750)
     server = FakeServer()
+    server.api_key = "the-clusters-api-key-0123456789"     # /server_info wants it, as SGLang with --api-key
+    (tmp / "etc" / "api-key").write_text(server.api_key + "\n")
+    (tmp / "etc" / "api-key").chmod(0o400)
+    socket_path = dockerd["DOCKER_HOST"].removeprefix("unix://")
     d = ExporterDeployment(image=host_image, node="c1", server_container=f"dsaops-test-srv-{tag}",
                            server_port=int(server.url.rsplit(":", 1)[1]), listen=f"127.0.0.1:{free_port()}",
                            log_file=str(tmp / "log" / "sglang.log"), state_dir=str(tmp / "state"),
                            run_dir=str(tmp / "run"), exporter_name=f"dsaops-test-exporter-{tag}",
-                           proxy_name=f"dsaops-test-proxy-{tag}",
-                           docker_socket=dockerd["DOCKER_HOST"].removeprefix("unix://"))
+                           proxy_name=f"dsaops-test-proxy-{tag}", api_key_file=str(tmp / "etc" / "api-key"),
+                           docker_socket=socket_path, docker_gid=os.stat(socket_path).st_gid)
 
     def docker(*args, check=True):
         return subprocess.run(["docker", *args], env=dockerd, capture_output=True, text=True, timeout=120,
@@ -136,6 +142,24 @@ def test_a_rank_killed_while_the_exporter_is_down_and_the_server_restarted(node)
         'dsa_worker_deaths_total{cause="sigkill",node="c1",rank="TP1"}': 1,
         'dsa_worker_deaths_total{cause="sigkill",node="c1",rank="TP2"}': 1}, 40), deaths(node)
     assert all_up(node)
+
+
+def test_neither_container_runs_as_root_with_powers_or_holds_a_secret_but_the_api_key(node):
+    """The proxy as nobody in the socket's group; the exporter as uid 0 with CAP_SYSLOG alone (for /dev/kmsg),
+    its API key a read-only file; neither has the server's environment (the Hugging Face token)."""
+    def inspect(name):
+        return json.loads(node["docker"]("inspect", name).stdout)[0]
+    proxy, exporter = inspect(node["d"].proxy_name), inspect(node["d"].exporter_name)
+    assert proxy["Config"]["User"] == "65534:65534" and proxy["HostConfig"]["CapDrop"] == ["ALL"]
+    assert exporter["Config"]["User"] == "0:0" and exporter["HostConfig"]["CapAdd"] == ["SYSLOG"]
+    assert exporter["HostConfig"]["CapDrop"] == ["ALL"] and "no-new-privileges" in exporter["HostConfig"]["SecurityOpt"]
+    for container in (proxy, exporter):
+        env = " ".join(container["Config"]["Env"] or [])
+        assert "HF_TOKEN" not in env and node["d"].api_key_file not in env and "api-key" not in env
+        assert not any("--env-file" in arg for arg in container["Args"])
+    key = next(m for m in exporter["Mounts"] if m["Destination"] == node["d"].api_key_file)
+    assert key["RW"] is False and "--api-key-file" in exporter["Args"]
+    assert value(node, "dsa_server_up") == 1          # /server_info read with the key
 
 
 def test_the_proxy_answers_the_server_containers_state_and_nothing_else(node):

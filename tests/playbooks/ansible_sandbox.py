@@ -155,6 +155,18 @@ class Sandbox:
         return subprocess.run(["ip", "netns", "exec", self.ctl, *argv], cwd=REPO, env=self.env(run_dir) | (env or {}),
                               check=False, capture_output=True, text=True, timeout=timeout)
 
+    def ssh(self, name: str, command: str) -> subprocess.CompletedProcess:
+        """`command` run by a shell on sandbox host `name`, over SSH from the controller namespace."""
+        return subprocess.run(["ip", "netns", "exec", self.ctl, "ssh", "-i", str(self.key), "-o", "BatchMode=yes",
+                               "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                               "LogLevel=ERROR", f"root@{self.hosts[name]['address']}", command],
+                              check=False, capture_output=True, text=True, timeout=60)
+
+    def nft(self, name: str, *args: str) -> subprocess.CompletedProcess:
+        """nft in sandbox host `name`'s network namespace (its own rule set)."""
+        return subprocess.run(["ip", "netns", "exec", self.hosts[name]["ns"], "nft", *args], check=False,
+                              capture_output=True, text=True, timeout=30)
+
     def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml", env: dict | None = None):
         return self.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), *args],
                         run_dir, env=env)

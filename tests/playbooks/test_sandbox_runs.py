@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -19,6 +21,7 @@ import yaml
 from dsaops.cli import build_parser
 from dsaops.image import image_name
 from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot, write_meminfo
+from tests.support.sglang_definitions import parse_server_args
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -28,11 +31,43 @@ def _ok(result):
     return recap(result.stdout)
 
 
+# Valid but odd: extra arguments and environment reach SGLang as they are, never as shell code.
+ODD = "a b'c\"$(touch /tmp/dsaops-pwned)`touch /tmp/dsaops-pwned`;x\\y %n"
+
+
+class CommandLines:
+    """Every process command line on this machine (all namespaces share /proc), sampled while it runs."""
+
+    def __enter__(self):
+        self.seen: set[bytes] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.is_set():
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        self.seen.add(f.read())
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     write, roots = cluster
     # dgx-spark-2x's plan settings: the preflight plans, and the plan reaches each node's exporter.
     inventory = write(cluster_vars={"dsaops_mem_fraction_static": 0.8, "dsaops_max_running_requests": 16,
-                                    "dsaops_gpu_memory_gib": 115, "dsaops_weights_gib": 140})
+                                    "dsaops_gpu_memory_gib": 115, "dsaops_weights_gib": 140,
+                                    "sglang_server_extra_args": ["--chat-template", ODD],
+                                    "sglang_server_extra_env": {"DSAOPS_ODD": ODD}})
+    token = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}"}     # from the environment of the deploy, as documented
     fresh = snapshot(tmp_path / "roots")
 
     # --check on fresh hosts: reports the changes, makes none.
@@ -41,7 +76,8 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     assert snapshot(tmp_path / "roots") == fresh
 
     # The real run: everything rendered under the prefixes.
-    first = sandbox.playbook(inventory, tmp_path / "run-1")
+    with CommandLines() as ps:
+        first = sandbox.playbook(inventory, tmp_path / "run-1", env=token)
     applied = _ok(first)
     assert all(applied[h]["changed"] > 0 for h in ("node1", "node2", "mon")), applied
     assert "no GPU (preflight_require_gpu=false), so the server is not started" in first.stdout
@@ -82,9 +118,12 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
 
     # The head's dist-init port is fenced to the cluster in its own namespace (nftables).
     head_ns = sandbox.hosts["node1"]["ns"]
-    table = subprocess.run(["ip", "netns", "exec", head_ns, "nft", "list", "table", "inet", "dsaops"],
-                           check=False, capture_output=True, text=True)
-    assert table.returncode == 0 and "tcp dport 25000" in table.stdout, table.stderr
+    table = sandbox.nft("node1", "list", "table", "inet", "dsaops")
+    assert table.returncode == 0, table.stderr
+    # TP over 2 nodes, no attention DP: the dist-init port alone (dsaops/sglang_ports.py); the exporter's
+    assert "tcp dport 25000 ip saddr @cluster accept" in table.stdout and "tcp dport 9860 ip saddr @monitoring" in table.stdout
+    cluster_set = table.stdout.split("set cluster", 1)[1].split("}", 2)[0]
+    assert all(sandbox.hosts[h]["address"] in cluster_set for h in ("node1", "node2"))
 
     # The exporter runs in its own container beside the server's (rendered, not started: no GPU here).
     assert "DSAOPS_EXPORTER=0" in worker
@@ -103,12 +142,17 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     assert list((roots["mon"] / "etc/dsaops/prometheus/rules").glob("*.yml"))
     assert list((roots["mon"] / "etc/dsaops/grafana/dashboards").glob("*.json"))
 
-    # Second run through `dsaops deploy`: nothing left to change.
-    again = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-2")
+    secrets = secrets_stay_in_their_files(roots, inventory, token["HF_TOKEN"], ps.seen)
+    odd_values_reach_docker_as_they_are(sandbox, roots)
+    monitoring_runs_as_its_own_users(roots, secrets)
+
+    # Second run through `dsaops deploy`: nothing left to change, the same keys.
+    again = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-2", env=token)
     assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-3000:]
     assert "summary: 3 host(s), changed 0 thing(s) (already as wanted)" in again.stdout, again.stdout[-3000:]
     for host in ("node1", "node2", "mon"):     # host, ok, changed, failed, unreachable
         assert re.search(rf"^{host}\s+[1-9]\d*\s+0\s+0\s+0\s", again.stdout, re.MULTILINE), again.stdout[-3000:]
+    assert {f.name: f.read_text() for f in secrets.dir.iterdir()} == secrets.files
 
     # Only cluster nodes reach the dist-init port: a listener on the head, probed from the
     # worker (a cluster node) and from the controller namespace (not one).
@@ -121,6 +165,7 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     finally:
         listener.terminate()
         listener.wait()
+    fence_reaches_whom_it_should_and_comes_back(sandbox, roots, inventory, tmp_path)
 
 
 def _wait(predicate, tries=50):
@@ -131,6 +176,115 @@ def _wait(predicate, tries=50):
             return True
         time.sleep(0.1)
     return False
+
+
+SERVER_UID = 10001     # the sm_121 image's user (dsaops/targets.toml image_uid)
+# Where each secret may be, under a node's root prefix: nowhere else on the nodes.
+SECRET_FILES = {"etc/dsaops/sglang-secrets.yaml", "etc/dsaops/api-key", "etc/dsaops/hf-token",
+                "etc/dsaops/exporter/api-key", "etc/dsaops/grafana/admin-password"}
+
+
+def secrets_stay_in_their_files(roots, inventory, token, command_lines):
+    """The keys generated beside the inventory (0600 in a 0700 folder) and the Hugging Face token reach each node
+    in files only their reader may read, and no command line, rendered script or other file."""
+    folder = inventory.with_suffix(".secrets")
+    files = {f.name: f.read_text() for f in folder.iterdir()}
+    assert set(files) == {"api-key", "admin-api-key", "grafana-admin-password"}, files
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert all((folder / name).stat().st_mode & 0o777 == 0o600 for name in files)
+    key, admin, grafana = (files[n].strip() for n in ("api-key", "admin-api-key", "grafana-admin-password"))
+    assert len(key) == len(admin) == 40 and len(grafana) == 24 and len({key, admin, grafana}) == 3
+
+    for node in ("node1", "node2"):
+        etc = roots[node] / "etc/dsaops"
+        for name, content in (("sglang-secrets.yaml", None), ("api-key", key), ("hf-token", token)):
+            stat = (etc / name).stat()
+            assert (stat.st_uid, stat.st_mode & 0o777) == (SERVER_UID, 0o400), (node, name)
+            if content:
+                assert (etc / name).read_text().strip() == content
+        # SGLang's own config merger reads the keys from the file the server mounts
+        args, _ = parse_server_args(["--model-path", "/m", "--config", str(etc / "sglang-secrets.yaml")])
+        assert (args.api_key, args.admin_api_key) == (key, admin)
+        script = (roots[node] / "usr/local/bin/dsaops-sglang").read_text()
+        assert "--config /etc/dsaops/sglang-secrets.yaml" in script and "HF_TOKEN_PATH=/etc/dsaops/hf-token" in script
+        assert "--volume /etc/dsaops/hf-token:/etc/dsaops/hf-token:ro" in script and "HF_TOKEN=" not in script
+        exporter = (roots[node] / "usr/local/bin/dsaops-exporter").read_text()
+        assert "--api-key-file /etc/dsaops/exporter/api-key" in exporter
+        assert "hf-token" not in exporter and "HF_TOKEN" not in exporter and "--env-file" not in exporter
+        assert (etc / "exporter/api-key").stat().st_mode & 0o777 == 0o400
+
+    for node, root in roots.items():
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                data = path.read_bytes()
+                holds = [s for s in (key, admin, grafana, token) if s.encode() in data]
+                assert not holds or str(path.relative_to(root)) in SECRET_FILES, (node, path)
+    leaked = [line for line in command_lines if any(s.encode() in line for s in (key, admin, grafana, token))]
+    assert not leaked, leaked
+    return SimpleNamespace(dir=folder, files=files, key=key, admin=admin, grafana=grafana)
+
+
+def odd_values_reach_docker_as_they_are(sandbox, roots):
+    """The rendered server command, run on the sandbox host over SSH with a `docker` that records its
+    arguments: the odd extra argument and environment value arrive as one argument each, and nothing of
+    them ran as shell code."""
+    fake = roots["node2"] / "fake-bin"
+    fake.mkdir()
+    (fake / "docker").write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > {fake / 'argv'}\n")
+    (fake / "docker").chmod(0o755)
+    pwned = "/tmp/dsaops-pwned"
+    assert not os.path.exists(pwned)
+    script = roots["node2"] / "usr/local/bin/dsaops-sglang"
+    ran = sandbox.ssh("node2", f"PATH={fake}:/usr/bin:/bin sh {shlex.quote(str(script))} run")
+    assert ran.returncode == 0, ran.stderr
+    argv = (fake / "argv").read_bytes().split(b"\0")[:-1]
+    assert argv[:2] == [b"run", b"--rm"] and b"--chat-template" in argv
+    assert argv[argv.index(b"--chat-template") + 1] == ODD.encode()
+    assert f"DSAOPS_ODD={ODD}".encode() in argv
+    assert not os.path.exists(pwned)
+
+
+def monitoring_runs_as_its_own_users(roots, secrets):
+    """Prometheus and Alertmanager as nobody, Grafana as grafana: their folders and files are theirs; Grafana's
+    admin password is the generated one, in a file only Grafana's user reads (the containers: test_static)."""
+    mon = roots["mon"]
+    assert (mon / "var/lib/dsaops/prometheus").stat().st_uid == 65534
+    assert (mon / "var/lib/dsaops/alertmanager").stat().st_uid == 65534
+    assert (mon / "etc/dsaops/alertmanager/alertmanager.yml").stat().st_uid == 65534
+    password = mon / "etc/dsaops/grafana/admin-password"
+    assert (password.stat().st_uid, password.stat().st_mode & 0o777) == (472, 0o400)
+    assert password.read_text() == secrets.grafana != "admin"
+    table = (mon / "etc/nftables.d/dsaops-monitoring.nft").read_text()
+    assert "tcp dport { 9090, 9093, 3000 } ip saddr @monitoring accept" in table
+
+
+def fence_reaches_whom_it_should_and_comes_back(sandbox, roots, inventory, tmp_path):
+    """The exporter's port admits the monitoring host only; the rule set comes back at boot (nftables.service
+    loads /etc/nftables.conf, which includes ours) and, flushed, with the next run."""
+    node2 = sandbox.hosts["node2"]
+    listener = subprocess.Popen(["ip", "netns", "exec", node2["ns"], sys.executable, "-m", "http.server", "9860",
+                                 "--bind", node2["address"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait(lambda: free_port_probe(node2["ns"], node2["address"], 9860))
+        assert free_port_probe(sandbox.hosts["mon"]["ns"], node2["address"], 9860)       # the monitoring host
+        assert not free_port_probe(sandbox.hosts["node1"]["ns"], node2["address"], 9860)  # a cluster node is not one
+        assert not free_port_probe(sandbox.ctl, node2["address"], 9860)
+    finally:
+        listener.terminate()
+        listener.wait()
+
+    conf = roots["node1"] / "etc/nftables.conf"
+    assert f'include "{roots["node1"]}/etc/nftables.d/dsaops.nft"' in conf.read_text()
+    live = sandbox.nft("node1", "list", "table", "inet", "dsaops").stdout
+    assert sandbox.nft("node1", "flush", "ruleset").returncode == 0
+    assert sandbox.nft("node1", "-f", str(conf)).returncode == 0                          # what the boot does
+    assert sandbox.nft("node1", "list", "table", "inet", "dsaops").stdout == live
+
+    sandbox.nft("node1", "flush", "ruleset")                                               # flushed, file unchanged
+    assert sandbox.nft("node1", "list", "table", "inet", "dsaops").returncode != 0
+    rerun = _ok(sandbox.playbook(inventory, tmp_path / "run-3", "--tags", "network"))
+    assert sandbox.nft("node1", "list", "table", "inet", "dsaops").stdout == live
+    assert rerun["node1"]["changed"] == 1 and rerun["node2"]["changed"] == 0, rerun
 
 
 # host_memory's guard rails on one node (TP 1) to keep the runs short; the inventory refusals on two.

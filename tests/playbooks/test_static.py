@@ -116,8 +116,9 @@ SPARKS = ClusterSpec(tp_size=2, nnodes=2, kv_cache_dtype="fp8_e4m3", dsa_prefill
                      enable_metrics=True)
 H20 = ClusterSpec(tp_size=8, attn_dp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang",
                   dsa_decode_backend="tilelang", mem_fraction_static=0.85, max_running_requests=240,
-                  served_model_name=MODEL, enable_metrics=True)
+                  served_model_name=MODEL, enable_metrics=True, nccl_port=25000)   # one node: the fenced dist-init port
 STAGED = "/models/GLM-5.3-Flash"
+KEYS = "/etc/dsaops/sglang-secrets.yaml"   # both API keys, as SGLang's --config file
 
 
 def test_every_sglang_flag_comes_from_launch_args(printed):
@@ -126,14 +127,14 @@ def test_every_sglang_flag_comes_from_launch_args(printed):
     sparks = _nodes(printed["dgx-spark-2x"].stdout)
     for rank, name in enumerate(("spark-1", "spark-2")):
         node = NodeSpec(model_path="/models/GLM-5.3-Flash-NVFP4", host="0.0.0.0", port=30000, node_rank=rank,
-                        dist_init_addr="192.168.100.1:25000")
+                        dist_init_addr="192.168.100.1:25000", config_file=KEYS)
         assert _launch(sparks[name]) == launch_args(SPARKS, node), name
     (h20,) = _nodes(printed["h20-8gpu"].stdout).values()
-    assert _launch(h20) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000))
+    assert _launch(h20) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000, config_file=KEYS))
     # the user's extras come last, through the builder too
     extra = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--trust-remote-code"]}')
     (text,) = _nodes(extra.stdout).values()
-    assert _launch(text) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000,
+    assert _launch(text) == launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000, config_file=KEYS,
                                                       extra_args=("--trust-remote-code",)))
 
 
@@ -156,7 +157,7 @@ def test_a_flag_written_in_the_playbook_is_caught(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     rendered = _launch((out / "h20-1.sh").read_text())
-    expected = launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000))
+    expected = launch_args(H20, NodeSpec(model_path=STAGED, host="0.0.0.0", port=30000, config_file=KEYS))
     assert rendered != expected and rendered == [*expected, "--disable-cuda-graph"]
 
 

@@ -8,34 +8,22 @@ are, on a real Starlette app whose routes and auth levels are read from the pinn
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import asyncio
 import copy
 import dataclasses
-import importlib.util
 import json
-import sys
 from types import SimpleNamespace
 
 import msgspec
 import pytest
 import yaml
 
-from tests.support.sglang_definitions import cli_flags, lift, source_file
+from tests.support.sglang_definitions import lift, parse_server_args, sglang_module, source_file
 
 CORE = "sglang/srt/sampling/watermarking/core.py"
 API_KEY = "the-api-key-0123456789abcdefghij"
 ADMIN_KEY = "the-admin-key-0123456789abcdefgh"
-
-
-def sglang_module(rel: str):
-    """A self-contained file of the pinned wheel, loaded as a module of its own."""
-    spec = importlib.util.spec_from_file_location(f"pinned_{rel.replace('/', '_')[:-3]}", source_file(rel))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module        # dataclasses look their class's module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def config_file(tmp_path):
@@ -45,16 +33,7 @@ def config_file(tmp_path):
     return path
 
 
-def parse(argv: list[str]):
-    """SGLang's prepare_server_args up to argparse: the --config file merged by SGLang's own merger."""
-    flags = cli_flags()
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    for flag in ("--model-path", "--api-key", "--admin-api-key", "--port"):
-        assert flag in flags, f"{flag} is not a flag of the pinned SGLang"
-        parser.add_argument(flag)
-    parser.add_argument("--config")
-    merged = sglang_module("srt/utils/server_args_config_parser.py").ConfigArgumentMerger(parser).merge_config_with_args(argv)
-    return parser.parse_args(merged), merged
+parse = parse_server_args
 
 
 def test_the_keys_reach_sglang_only_through_the_config_file(tmp_path):
