@@ -128,6 +128,12 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                     "empty, or a Docker address such as unix:///run/docker.sock"),
     "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
     "mtu": (lambda v: v is None or _between(576, 9216)(v), "an MTU of 576 to 9216"),
+    "oom_score": (lambda v: isinstance(v, int) and not isinstance(v, bool) and -1000 <= v <= 1000
+                  or isinstance(v, str) and re.fullmatch(r"-?[0-9]{1,4}", v) is not None and -1000 <= int(v) <= 1000,
+                  "a whole number from -1000 to 1000"),
+    "sysctls": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and re.fullmatch(r"vm\.[a-z_]+", k)
+                                                      and _int(x) is not None for k, x in v.items()),
+                "a mapping of vm.* keys to whole numbers"),
 }
 
 # variable: kind. Variables that are unset (None) are skipped unless their kind allows None.
@@ -164,6 +170,8 @@ VARIABLES: dict[str, str] = {
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
     "weights_hf_token": "token", "host_memory_sysctl_file": "path", "host_memory_sshd_unit": "name",
+    "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
+    "sglang_server_oom_score_adj": "oom_score",
 }
 KINDS["root_or_registry"] = (lambda v: v == "" or _match(re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*"))(v),
                              "empty, or a registry prefix such as registry.lan:5000/team")

@@ -8,11 +8,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,7 +22,8 @@ import yaml
 
 from dsaops.cli import build_parser
 from dsaops.image import image_name
-from tests.playbooks.ansible_sandbox import BIN, free_port_probe, recap, snapshot, write_meminfo
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, free_port_probe, recap, snapshot, write_meminfo
+from tests.support.prerequisites import need
 from tests.support.sglang_definitions import parse_server_args
 
 pytestmark = pytest.mark.timeout(600)
@@ -387,6 +390,55 @@ def _serve_reads(path, contents: list[str]) -> threading.Thread:
     return thread
 
 
+# A container name that is odd but valid: the unit renders it and gets no directive of its own from it.
+ODD_NAME = "dsaops.sglang_x-1"
+UNIT_DIRECTIVES = [("Unit", "Description"), ("Unit", "After"), ("Unit", "Requires"), ("Unit", "Wants"),
+                   ("Service", "ExecStartPre"), ("Service", "ExecStartPre"), ("Service", "ExecStart"),
+                   ("Service", "ExecStop"), ("Service", "TimeoutStopSec"), ("Service", "Restart"),
+                   ("Service", "RestartSec"), ("Service", "TimeoutStartSec"), ("Install", "WantedBy")]
+
+
+def unit_directives(text: str) -> list[tuple[str, str]]:
+    """(section, key) of every directive of a systemd unit, in order."""
+    section, found = None, []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        else:
+            found.append((section, line.split("=", 1)[0]))
+    return found
+
+
+def systemd_accepts(unit: Path, root: Path) -> None:
+    """`systemd-analyze verify` finds nothing wrong with the unit but the commands it runs missing from this
+    machine (they are under the host's root prefix). Without systemd-analyze, the directive check above stands."""
+    if not shutil.which("systemd-analyze"):
+        need(not os.environ.get("CI"), "systemd-analyze (apt-get install systemd)")
+        return
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], check=False, capture_output=True, text=True,
+                            timeout=60)
+    missing = re.compile(r"Command (\S+) is not executable")
+    for line in (verify.stdout + verify.stderr).splitlines():
+        if line.strip():
+            found = missing.search(line)
+            assert found and (root / found[1].lstrip("/")).is_file(), line
+
+
+def test_the_directive_check_sees_an_injected_line(tmp_path):
+    """Control: the unit template rendered without the inventory checks (plain Jinja) and a name carrying a
+    newline gains a directive, which the comparison above catches."""
+    import jinja2
+
+    template = jinja2.Template((PLAYBOOKS / "roles/sglang_server/templates/dsaops-sglang.service.j2").read_text())
+    text = template.render(ansible_managed="", sglang_server_node_rank=0, sglang_server_nnodes=1,
+                           sglang_server_script="/usr/local/bin/dsaops-sglang", sglang_server_stop_timeout=120,
+                           sglang_server_container_name="x\nExecStartPost=/bin/sh -c 'touch /tmp/dsaops-pwned'")
+    assert unit_directives(text) != UNIT_DIRECTIVES and ("Service", "ExecStartPost") in unit_directives(text)
+
+
 def test_gb10_memory_gate_waits_for_memory_then_stops(sandbox, cluster, tmp_path):
     """Right before a start, each node's rendered `dsaops-sglang wait-memory` waits until MemAvailable reaches
     the plan's free memory before weights (115 - 8 = 107 GiB here). node1's memory comes back on the second
@@ -394,11 +446,16 @@ def test_gb10_memory_gate_waits_for_memory_then_stops(sandbox, cluster, tmp_path
     write, roots = cluster
     inventory = write(cluster_vars={"dsaops_mem_fraction_static": 0.8, "dsaops_max_running_requests": 16,
                                     "dsaops_gpu_memory_gib": 115, "dsaops_weights_gib": 140,
-                                    "sglang_server_memory_wait_s": 4, "sglang_server_memory_poll_s": 1},
+                                    "sglang_server_memory_wait_s": 4, "sglang_server_memory_poll_s": 1,
+                                    "dsaops_server_container": ODD_NAME},
                       node1={"sglang_server_supervisor": "systemd"})
     _ok(sandbox.playbook(inventory, tmp_path / "run-render", "--tags", "sglang_server"))
-    unit = (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").read_text()
+    unit_path = roots["node1"] / "etc/systemd/system/dsaops-sglang.service"
+    unit = unit_path.read_text()
     assert "ExecStartPre=/usr/local/bin/dsaops-sglang wait-memory" in unit           # systemd waits on the host
+    assert unit_directives(unit) == UNIT_DIRECTIVES                                    # the odd name added none
+    assert f"ExecStop=/usr/bin/docker stop --time 120 {ODD_NAME}" in unit
+    systemd_accepts(unit_path, roots["node1"])
     node2 = (roots["node2"] / "usr/local/bin/dsaops-sglang").read_text()              # Docker's restarts wait inside
     assert "'DSAOPS_BEFORE_START=/usr/local/bin/dsaops-sglang wait-memory'" in node2
     assert "DSAOPS_BEFORE_START" not in (roots["node1"] / "usr/local/bin/dsaops-sglang").read_text()

@@ -285,3 +285,88 @@ def test_one_target_and_image_on_every_node(tmp_path):
     assert result.returncode != 0
     assert f"image differs between nodes ({{'spark-1': '{image_name('sm_121')}', 'spark-2': 'mine:1'}})" in \
         " ".join(result.stderr.split())
+
+
+# One hostile value for each template the playbooks render (the variable it would reach), and the
+# invalid values the checks used to let through. Every one must stop the run before anything renders,
+# in a message naming its variable.
+HOSTILE = {
+    # dsaops-sglang.sh.j2 (shell, run by systemd as root) and dsaops-sglang.service.j2 (systemd unit)
+    "dsaops_server_container": "x\ntouch /tmp/dsaops-pwned",
+    "sglang_server_container_name": "dsaops\nExecStartPost=/bin/sh -c 'touch /tmp/dsaops-pwned'",
+    "sglang_server_extra_env": {"OK": "a\nEVIL=1"},
+    # dsaops.nft.j2 (nftables)
+    "network_firewall_allow": ["1.2.3.4; flush ruleset"],
+    "dsaops_monitoring_allow": ["10.0.0.0/8 } accept; #"],
+    # prometheus.yml.j2, alertmanager.yml.j2, grafana-datasource.yml.j2 (YAML)
+    "monitoring_scrape_interval": "5s\nscrape_configs: []",
+    "monitoring_alert_webhook_url": "http://x\n  evil: 1",
+    "monitoring_datasource_uid": "x\nurl: http://evil",
+    # dsaops-exporter.sh.j2 (shell)
+    "dsaops_log_dir": "/var/log/x\ntouch /tmp/dsaops-pwned",
+    # sysctl.conf.j2, sshd-oom.conf.j2 (a systemd drop-in)
+    "host_memory_extra_sysctls": {"vm.x\nkernel.sysrq": 1},
+    "host_memory_sshd_oom_score_adj": "-900\nExecStartPre=/bin/touch /tmp/dsaops-pwned",
+    # the server's --config file and token file
+    "sglang_server_hf_token": "hf_x\nEVIL=1",
+    "dsaops_api_key": "short",
+    # values that passed before: TP 0, port 99999, an empty image, and others
+    "dsaops_tp_size": 0, "dsaops_server_port": 99999, "dsaops_image": "", "dsaops_gpus_per_node": -1,
+    "dsaops_attn_dp_size": 0, "dsaops_cluster_interface": "eth0; reboot", "dsaops_mem_fraction_static": 1.5,
+    "dsaops_exporter_port": 0,
+}
+SECRET_VALUES = ("hf_x", "short")
+
+
+def test_hostile_values_stop_the_run_before_anything_renders(tmp_path):
+    """A host name with a newline and a command, ansible_host with spaces and a newline, a cluster address that
+    is no address, and HOSTILE: one run of print-commands.yml, refused in the first play, nothing rendered."""
+    hosts = {"h1\ntouch /tmp/dsaops-pwned": {"ansible_host": "10.0.0.1 -oProxyCommand=x\n",
+                                             "dsaops_cluster_address": "10.0.0.256"}}
+    inventory = tmp_path / "hostile.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {
+        "vars": {"dsaops_target": "sm_90", **HOSTILE},
+        "children": {"dsaops_head": {"hosts": hosts}}}}}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = _run(str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "print-commands.yml"),
+                  "-e", f"sglang_server_print_dir={out}")
+    text = result.stdout
+    assert result.returncode != 0 and "Refuse values no template can carry safely" in text
+    for name in [*HOSTILE, "inventory_hostname", "ansible_host", "dsaops_cluster_address"]:
+        assert f"{name}=" in text or f"{name} (not shown) is refused" in text, name
+    assert not any(secret in text for secret in SECRET_VALUES)       # secrets are named, never shown
+    assert list(out.iterdir()) == [] and not os.path.exists("/tmp/dsaops-pwned")
+
+
+@pytest.mark.parametrize("extra", ["sglang_server_hf_token=hf_abc", '{"dsaops_api_key": "x"}',
+                                   "a=1 monitoring_grafana_admin_password=p"])
+def test_a_secret_on_the_command_line_is_refused(extra):
+    result = print_commands("h20-8gpu", "-e", extra)
+    assert result.returncode == 2 and "a secret on the command line is shown by ps" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_hf_token_with_a_newline_is_refused():
+    result = print_commands("h20-8gpu", env={"HF_TOKEN": "hf_abc\nEVIL=1"})
+    assert result.returncode == 2 and "HF_TOKEN in the environment holds a newline" in result.stderr
+    assert "hf_abc" not in result.stderr
+
+
+def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
+    """The containers' `docker run` arguments as the monitoring role gives them: no root, and Grafana's admin
+    password from a file (never the default, never in its environment)."""
+    tasks = yaml.safe_load((PLAYBOOKS / "roles/monitoring/tasks/containers.yml").read_text())
+    containers = {c["name"]: c["args"] for c in tasks[0]["ansible.builtin.set_fact"]["monitoring_containers"]}
+    defaults = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())
+    for name, uid in (("dsaops-prometheus", "prometheus"), ("dsaops-alertmanager", "alertmanager"),
+                      ("dsaops-grafana", "grafana")):
+        args = containers[name]
+        user = args[args.index("--user") + 1]
+        assert user == f"{{{{ monitoring_{uid}_uid }}}}:{{{{ monitoring_{uid}_uid }}}}", user
+        assert defaults[f"monitoring_{uid}_uid"] != 0
+    grafana = containers["dsaops-grafana"]
+    assert "GF_SECURITY_ADMIN_PASSWORD__FILE=/run/secrets/grafana-admin-password" in grafana
+    assert not any(a.startswith("GF_SECURITY_ADMIN_PASSWORD=") for a in grafana)
+    assert defaults["monitoring_grafana_admin_password"] == "" and "password" in defaults[
+        "monitoring_grafana_admin_password_value"]

@@ -1,0 +1,54 @@
+"""dsaops.inventory_checks: the one table of what an inventory value may be (the playbook runs that use it
+are in tests/playbooks)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dsaops.inventory_checks import KINDS, VARIABLES, refusal, refusals
+
+PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
+ROLE_DEFAULTS = {k: v for path in sorted(PLAYBOOKS.glob("roles/*/defaults/main.yml"))
+                 for k, v in (yaml.safe_load(path.read_text()) or {}).items()}
+
+
+def test_every_variable_in_the_table_is_one_the_playbooks_read():
+    text = "\n".join(p.read_text() for p in PLAYBOOKS.rglob("*") if p.suffix in (".yml", ".j2"))
+    assert [name for name in VARIABLES if name not in text] == []
+    assert set(VARIABLES.values()) <= set(KINDS)
+
+
+@pytest.mark.parametrize("name", [n for n in VARIABLES if n in ROLE_DEFAULTS and "{{" not in str(ROLE_DEFAULTS[n])])
+def test_the_defaults_pass(name):
+    assert refusal(name, ROLE_DEFAULTS[name]) is None
+
+
+@pytest.mark.parametrize("name", [n for n, kind in VARIABLES.items() if kind not in ("sysctls", "env")])
+def test_a_newline_is_refused_everywhere(name):
+    value = ROLE_DEFAULTS.get(name)
+    value = value if isinstance(value, str) and "{{" not in value and value else "x"
+    hostile = [f"{value}\ntouch /tmp/x"] if VARIABLES[name] in ("args", "cidrs", "interfaces") else f"{value}\ntouch /tmp/x"
+    assert refusal(name, hostile) is not None, name
+
+
+@pytest.mark.parametrize("name, good, bad", [
+    ("dsaops_tp_size", 8, 0), ("dsaops_server_port", "30000", 99999), ("dsaops_image", "dsaops/sglang:0.5.23-sm_90", ""),
+    ("dsaops_cluster_address", "192.168.100.1", "10.0.0.256"), ("network_firewall_allow", ["10.0.0.0/24"],
+                                                                ["1.2.3.4; flush ruleset"]),
+    ("ansible_host", "spark-1.local", "10.0.0.1 -oProxyCommand=x"), ("dsaops_cluster_interface", "enp1s0f0np0", "eth0 x"),
+    ("dsaops_mem_fraction_static", 0.85, 1.5), ("dsaops_model_path", "zai-org/GLM-5.3-Flash", "../../etc"),
+    ("sglang_server_extra_args", ["--trust-remote-code"], ["--api-key", "k"]),
+    ("sglang_server_extra_env", {"A_B": "x y"}, {"A-B": "x"}), ("host_memory_sshd_oom_score_adj", -900, "-900x"),
+    ("dsaops_api_key", "", "short"), ("dsaops_api_key", "a" * 16, "a" * 15 + " "),
+])
+def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
+    assert refusal(name, good) is None
+    assert refusal(name, bad).startswith(name)
+
+
+def test_a_refused_secret_is_named_but_never_shown():
+    [line] = refusals({"sglang_server_hf_token": "hf_secret\nEVIL=1"})
+    assert line.startswith("sglang_server_hf_token (not shown) is refused") and "hf_secret" not in line
+    assert refusals({"unknown_variable": "\n", "dsaops_mem_fraction_static": None}) == []
