@@ -17,8 +17,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
 from dsaops.errors import UserError
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
@@ -80,6 +78,8 @@ def check_inventory(inventory: Path, path: str) -> set[str]:
 
 def inline_secret(extra: str) -> str | None:
     """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there)."""
+    import yaml  # beside Ansible; the CLI's other commands stay stdlib-only
+
     if extra.startswith("@"):
         return None
     try:
