@@ -108,7 +108,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "seconds": (_between(1, 1 << 31), "a whole number of seconds, 1 or more"),
     "fraction": (_between(0.01, 0.99, whole=False), "a fraction between 0 and 1, e.g. 0.85"),
     "gib": (_between(0.01, 1 << 20, whole=False), "a positive number of GiB"),
-    "image": (_match(_IMAGE), "a Docker image reference such as registry:5000/dsaops/sglang:0.5.23-sm_90 (not empty)"),
+    "image": (_match(_IMAGE), "a Docker image reference such as registry:5000/dsaops/sglang:TAG-sm_90 (not empty)"),
     "path": (_match(_PATH), "an absolute path of letters, digits and '_', '.', '+', '@', '-' (no spaces)"),
     "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
                                                       "'@', '-'")),

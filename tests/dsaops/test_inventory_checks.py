@@ -34,7 +34,7 @@ def test_a_newline_is_refused_everywhere(name):
 
 
 @pytest.mark.parametrize("name, good, bad", [
-    ("dsaops_tp_size", 8, 0), ("dsaops_server_port", "30000", 99999), ("dsaops_image", "dsaops/sglang:0.5.23-sm_90", ""),
+    ("dsaops_tp_size", 8, 0), ("dsaops_server_port", "30000", 99999), ("dsaops_image", "registry.lan:5000/dsaops/sglang:dev-sm_90", ""),
     ("dsaops_cluster_address", "192.168.100.1", "10.0.0.256"), ("network_firewall_allow", ["10.0.0.0/24"],
                                                                 ["1.2.3.4; flush ruleset"]),
     ("ansible_host", "spark-1.local", "10.0.0.1 -oProxyCommand=x"), ("dsaops_cluster_interface", "enp1s0f0np0", "eth0 x"),

@@ -64,7 +64,7 @@ def server_info(root, tmp_path) -> str:
     secrets, command_line = redaction(root)
     args, merged = parse(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
     info = {**vars(args), "launch_command": command_line(merged, None), "max_total_num_tokens": 4922240,
-            "internal_states": [{"memory_usage": {"token_capacity": 4922240}}], "version": "0.5.23"}
+            "internal_states": [{"memory_usage": {"token_capacity": 4922240}}], "version": "x.y.z"}
     return json.dumps(secrets(info))
 
 
