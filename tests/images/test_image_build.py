@@ -11,6 +11,7 @@ SGLang where one is expected) stop the build by name.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -144,6 +145,8 @@ def test_docker_stop_reaches_the_server_through_the_entrypoint(dockerd, built, t
     image, _ = built("sm_90")
     logs_dir = tmp_path / "logs"
     logs_dir.mkdir()
+    uid = targets.get("sm_90").image_uid
+    os.chown(logs_dir, uid, uid)           # as the playbooks give the node's log folder to the image's user
     name = "ci-entrypoint"
     docker(dockerd, "run", "-d", "--name", name, "--network", "none",
            "-v", f"{HERE / 'standin_server.py'}:/standin/standin_server.py:ro", "-v", f"{logs_dir}:/var/log/dsaops",
@@ -161,6 +164,20 @@ def test_docker_stop_reaches_the_server_through_the_entrypoint(dockerd, built, t
         assert "SIGTERM received" in docker(dockerd, "logs", name).stdout  # docker logs shows it too
     finally:
         docker(dockerd, "rm", "-f", name, check=False)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_the_server_runs_as_the_targets_user(dockerd, built, name):
+    """The image's user is the targets table's image_uid (not root on NVIDIA), and owns what it writes."""
+    image, _ = built(name)
+    uid = targets.get(name).image_uid
+    config = json.loads(docker(dockerd, "image", "inspect", image).stdout)[0]["Config"]
+    assert config["User"] == str(uid)
+    owners = run_in(dockerd, image, "stat", "-c", "%u", "/var/log/dsaops", "/var/cache/dsaops", "/run/dsaops",
+                    "/opt/dsaops/tilelang-cache").split()
+    assert run_in(dockerd, image, "id", "-u").strip() == str(uid) and set(owners) == {str(uid)}
+    if uid:
+        assert run_in(dockerd, image, "sh", "-c", "echo $HOME").strip() == "/home/dsaops"
 
 
 def test_labels_carry_no_secret(dockerd, built):
