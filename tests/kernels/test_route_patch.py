@@ -35,7 +35,8 @@ def digests(root, rels):
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
     series = load()
-    assert series.patches[-1].name == PATCH and [fp.path for fp in series.patches[-1].files] == [BACKEND]
+    route = next(p for p in series.patches if p.name == PATCH)
+    assert [fp.path for fp in route.files] == [BACKEND]
     root = pristine_copy(tmp_path_factory.mktemp("route"))
     before = digests(root, series.targets)
     tree.apply(root, series)
