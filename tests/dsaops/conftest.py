@@ -18,7 +18,7 @@ from tests.support.polling import wait_for
 from tests.support.ports import free_port
 from tests.support.sglang_wheel import pristine_copy
 
-STANDIN = Path(__file__).with_name("standin_openai.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def standin(tmp_path):
 
     def start(*, max_running=4, token_latency=0.005, answers=None, server_info=None, api_key=None, stall=False):
         port = free_port()
-        argv = [sys.executable, str(STANDIN), "--port", str(port), "--max-running", str(max_running),
+        argv = [sys.executable, "-m", "tests.dsaops.standin_openai", "--port", str(port), "--max-running", str(max_running),
                 "--token-latency", str(token_latency)]
         for flag, value in (("--answers", answers), ("--server-info", server_info)):
             if value is not None:
@@ -56,7 +56,7 @@ def standin(tmp_path):
             argv += ["--api-key-file", str(path)]
         if stall:
             argv.append("--stall")
-        procs.append(subprocess.Popen(argv))
+        procs.append(subprocess.Popen(argv, cwd=REPO))     # -m: the repository root on its path
         url = f"http://127.0.0.1:{port}"
         assert wait_for(lambda: _healthy(url), timeout=15), "the stand-in server did not start"
         return url

@@ -7,7 +7,7 @@ grows with concurrency up to `--max-running` and stays flat beyond: the knee is 
 eval's stand-in); `--server-info FILE` serves /server_info; `--api-key-file` demands the key;
 `--stall` accepts requests and never answers.
 
-    python standin_openai.py --port P --max-running 4 --token-latency 0.01
+    python -m tests.dsaops.standin_openai --port P --max-running 4 --token-latency 0.01   # from the repository root
 """
 from __future__ import annotations
 
@@ -15,53 +15,38 @@ import argparse
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.json_http import JsonHandler
 
-class Handler(BaseHTTPRequestHandler):
+
+class Handler(JsonHandler):
     protocol_version = "HTTP/1.1"
     cfg: argparse.Namespace
     slots: threading.BoundedSemaphore
     answers: dict
     server_info: dict | None
 
-    def log_message(self, *args):  # quiet: the tests read the bench's output, not ours
-        pass
-
-    def _json(self, code: int, body) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _authorized(self) -> bool:
-        if self.cfg.api_key and self.headers.get("Authorization") != f"Bearer {self.cfg.api_key}":
-            self._json(401, {"error": {"message": "bad API key"}})
-            return False
-        return True
-
     def do_GET(self):
         if self.path == "/health":
-            self._json(200, {})
-        elif self.path == "/v1/models" and self._authorized():
-            self._json(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
+            self.send_json(200, {})
+        elif self.path == "/v1/models" and not self.refused():
+            self.send_json(200, {"object": "list", "data": [{"id": "standin", "object": "model"}]})
         elif self.path == "/server_info" and self.server_info is not None:
-            self._json(200, self.server_info)
+            self.send_json(200, self.server_info)
         elif self.path != "/v1/models":
-            self._json(404, {"detail": "Not Found"})
+            self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self.cfg.stall:
             time.sleep(3600)
             return
-        if not self._authorized():
+        if self.refused():
             return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
-            self._json(404, {"detail": "Not Found"})
+            self.send_json(404, {"detail": "Not Found"})
             return
         chat = self.path.endswith("chat/completions")
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt"))
@@ -71,7 +56,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(tokens, chat, bool((body.get("stream_options") or {}).get("include_usage")))
             else:
                 time.sleep(self.cfg.token_latency * len(tokens))
-                self._json(200, _completion(tokens, chat, final=True))
+                self.send_json(200, _completion(tokens, chat, final=True))
 
     def _tokens(self, prompt: str, max_tokens: int) -> list[str]:
         for needle, reply in self.answers.items():
@@ -126,6 +111,7 @@ def main() -> None:
     cfg = p.parse_args()
     cfg.api_key = Path(cfg.api_key_file).read_text().strip() if cfg.api_key_file else None
     Handler.cfg = cfg
+    Handler.api_key = cfg.api_key
     Handler.slots = threading.BoundedSemaphore(cfg.max_running)
     Handler.answers = json.loads(Path(cfg.answers).read_text()) if cfg.answers else {}
     Handler.server_info = json.loads(Path(cfg.server_info).read_text()) if cfg.server_info else None

@@ -5,47 +5,34 @@ import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from dsaops import verify_probes as vp
 from dsaops.cli import main
+from tests.support.json_http import JsonHandler
 
 EXPECTED = {prompt: expected for _, prompt, expected in vp.PROMPTS}
 NEEDLE = re.compile(r"The secret passphrase is (\S+)\.")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _refused(self) -> bool:
-        """As SGLang with --api-key: 401 without `Authorization: Bearer KEY`."""
-        if self.server.key and self.headers.get("Authorization") != f"Bearer {self.server.key}":
-            self._send(401, {"error": "Unauthorized"})
-            return True
-        return False
+class _Handler(JsonHandler):
+    @property
+    def api_key(self):
+        return self.server.key
 
     def do_GET(self):
-        if self._refused():
+        if self.refused():
             return
         if self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": "glm-test", "object": "model"}]})
+            self.send_json(200, {"object": "list", "data": [{"id": "glm-test", "object": "model"}]})
         else:
-            self._send(404, {"error": "not found"})
+            self.send_json(404, {"error": "not found"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self._refused():
+        if self.refused():
             return
         assert body["temperature"] == 0
         prompt = body["messages"][0]["content"]
@@ -59,14 +46,14 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(action)
             action = "right"
         if isinstance(action, int):
-            self._send(action, {"object": "error", "message": "prompt too long for this server"})
+            self.send_json(action, {"object": "error", "message": "prompt too long for this server"})
             return
         if action == "think":    # SGLang with --reasoning-parser, stopped by max_tokens mid-thought
             message, finish = {"role": "assistant", "content": None, "reasoning_content": "Let me see..."}, "length"
         else:
             message = {"role": "assistant", "content": right_answer(prompt) if action == "right" else action}
             finish = "stop"
-        self._send(200, {"choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+        self.send_json(200, {"choices": [{"index": 0, "message": message, "finish_reason": finish}]})
 
 
 def right_answer(prompt: str) -> str:
