@@ -43,11 +43,16 @@ class BoundedServer(WSGIServer):
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="exporter-http")
         self._idle = selectors.DefaultSelector()
         self._since: dict[socket.socket, float] = {}    # idle connections, oldest first
+        # A byte on _wake ends the waiting thread's select at once, so a new connection waits for nothing.
+        self._wake, self._waker = socket.socketpair()
+        self._wake.setblocking(False)
+        self._idle.register(self._wake, selectors.EVENT_READ)
         self._busy = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._waiter = threading.Thread(target=self._wait_for_requests, name="exporter-http-idle", daemon=True)
+        self._waiter.start()
         super().__init__(address, _QuietHandler)        # closes the server (server_close) when it cannot bind
-        threading.Thread(target=self._wait_for_requests, name="exporter-http-idle", daemon=True).start()
 
     def process_request(self, request, client_address):
         """On the accepting thread: park the connection until its request arrives."""
@@ -59,6 +64,7 @@ class BoundedServer(WSGIServer):
                 self._forget(next(iter(self._since)), close=True)
             self._since[request] = time.monotonic()
             self._idle.register(request, selectors.EVENT_READ, client_address)
+        self._waker.send(b"\0")
 
     def _forget(self, conn: socket.socket, close: bool) -> None:
         self._idle.unregister(conn)
@@ -68,22 +74,26 @@ class BoundedServer(WSGIServer):
 
     def _wait_for_requests(self) -> None:
         while not self._closed.is_set():
-            with self._lock:
-                empty = not self._since
-            if empty:
-                time.sleep(0.05)
-                continue
-            ready = self._idle.select(timeout=0.2)
+            ready = self._idle.select(timeout=0.5)    # the timeout only paces the idle-timeout sweep
             now = time.monotonic()
             with self._lock:
                 for key, _ in ready:
-                    if key.fileobj in self._since:
+                    if key.fileobj is self._wake:
+                        self._drain_wake()
+                    elif key.fileobj in self._since:
                         self._forget(key.fileobj, close=False)
                         self._busy += 1
                         self._pool.submit(self._answer, key.fileobj, key.data)
                 for conn, since in list(self._since.items()):
                     if now - since > self.idle_timeout:
                         self._forget(conn, close=True)
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _answer(self, conn: socket.socket, client_address) -> None:
         try:
@@ -103,6 +113,11 @@ class BoundedServer(WSGIServer):
         with self._lock:
             for conn in list(self._since):
                 self._forget(conn, close=True)
+        self._waker.send(b"\0")       # the waiting thread sees _closed and ends
+        self._waiter.join(timeout=2)
+        self._idle.close()
+        self._wake.close()
+        self._waker.close()
 
 
 def app(exporter):
