@@ -11,9 +11,9 @@ from dsaops.healthchecks.metrics import ErrorCounts
 
 
 class BackgroundLoop:
-    def __init__(self, name: str, errors: ErrorCounts, interval: float, source: str | None = None):
+    def __init__(self, name: str, errors: ErrorCounts, interval: float):
+        """`name` is also the error source its failures are counted under."""
         self.name, self.errors, self.interval = name, errors, interval
-        self.source = source or name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -34,7 +34,7 @@ class BackgroundLoop:
     def revive(self) -> None:
         """Start the loop again if its thread ended without being stopped."""
         if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
-            self.errors.report(self.source, f"the {self.name} loop had ended; started again")
+            self.errors.report(self.name, f"the {self.name} loop had ended; started again")
             self.start()
 
     def _run(self) -> None:
@@ -42,7 +42,7 @@ class BackgroundLoop:
             try:
                 more = self.step()
             except Exception as e:  # noqa: BLE001 (any surprise is counted and said; the loop goes on)
-                self.errors.report(self.source, f"the {self.name} loop met an error", e)
+                self.errors.report(self.name, f"the {self.name} loop met an error", e)
                 more = False
             self.errors.beat(self.name)
             if not more:
