@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards" / "dsaops.json"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 N = 'node=~"$node"'
 RED, GREEN, ORANGE = "red", "green", "orange"
 
@@ -86,9 +85,6 @@ def build() -> dict:
         return p.with_transformation(m.DataTransformerConfig(id_val="organize", options={
             "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True},
             "renameByName": rename, "indexByName": order}))
-
-    def override(name: str, **props):
-        return [m.DynamicConfigValue(id_val=k, value=v) for k, v in props.items()], name
 
     dash = (dashboard.Dashboard("dsaops: SGLang DSA serving").uid("dsaops-serving").tags(["dsaops", "sglang"])
             .refresh("30s").time("now-6h", "now").timezone("browser").editable()
