@@ -174,8 +174,7 @@ class ProcessWatcher(BackgroundLoop):
             seen = self._scan()
             self._next_scan = now + self.scan_interval
         else:  # between scans only the known ranks are checked: a death is still seen within a poll
-            seen = {pid: s for pid, s in self.live.items() if read_stat(self.proc_root, pid).state == "live"
-                    and read_stat(self.proc_root, pid).ticks == s.ticks}
+            seen = {pid: s for pid, s in self.live.items() if self._still_runs(s)}
         gone = [s for pid, s in self.live.items() if pid not in seen]
         with self._lock:
             for pid, sched in seen.items():
@@ -196,6 +195,10 @@ class ProcessWatcher(BackgroundLoop):
             self._vanished = pending
             if not pending:
                 self._last_vanish.clear()
+
+    def _still_runs(self, sched: Scheduler) -> bool:
+        stat = read_stat(self.proc_root, sched.pid)
+        return stat.state == "live" and stat.ticks == sched.ticks
 
     def _vanish(self, sched: Scheduler, now: float) -> None:
         """(under the lock) The process is gone or a zombie: the rank is down unless another
