@@ -11,9 +11,12 @@ from benchmarks.sglang_standin import log_lines as L
 from tests.support.polling import wait_for
 
 
-def follower(path):
+def follower(path, position=None):
+    """A started follower; with `position`, a restarted exporter's, resuming there."""
     state, errors = LogState(), ErrorCounts()
-    return LogFollower(str(path), state, errors, poll=0.05).start(), state, errors
+    f = LogFollower(str(path), state, errors, poll=0.05)
+    f.resume(position)
+    return f.start(), state, errors
 
 
 def kv_line(tokens, rank="TP0"):
@@ -184,14 +187,6 @@ def test_a_line_over_the_limit_is_dropped_even_when_clean(tmp_path):
         f.stop()
 
 
-def restarted(log, position):
-    """A new follower (a restarted exporter) that resumes at `position`."""
-    state, errors = LogState(), ErrorCounts()
-    f = LogFollower(str(log), state, errors, poll=0.05)
-    f.resume(position)
-    return f.start(), state, errors
-
-
 def test_a_restarted_follower_resumes_where_it_stopped(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) + "filler line\n" * 50_000)
@@ -202,7 +197,7 @@ def test_a_restarted_follower_resumes_where_it_stopped(tmp_path):
     assert position["offset"] == log.stat().st_size
     with open(log, "a") as out:
         out.write(kv_line(2, "TP2"))
-    f, state, _ = restarted(log, position)
+    f, state, _ = follower(log, position)
     try:
         assert wait_for(lambda: "TP2" in state.kv, 5)
         assert "TP0" not in state.kv  # the part before the position was not read again
@@ -220,7 +215,7 @@ def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path):
     position = dict(state.position)
     log.unlink()
     log.write_text(kv_line(3, "TP3") * 20)  # longer, maybe even the same inode: its first bytes differ
-    f, state, _ = restarted(log, position)
+    f, state, _ = follower(log, position)
     try:
         assert wait_for(lambda: "TP3" in state.kv, 5) and f.events["reread"] == 1
     finally:
