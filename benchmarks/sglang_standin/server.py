@@ -96,12 +96,11 @@ class Launcher:
                                      stdout=subprocess.PIPE, text=True)
         self.pids = json.loads(self.proc.stdout.readline())
 
-    def stop(self, wait: bool = True):
+    def stop(self):
         """A clean whole-server stop."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            if wait:
-                self.proc.wait(timeout=60)
+            self.proc.wait(timeout=60)
 
     def kill_all(self):
         for pid in [*self.pids, self.proc.pid]:
