@@ -200,6 +200,10 @@ class ProcessWatcher(BackgroundLoop):
         stat = read_stat(self.proc_root, sched.pid)
         return stat.state == "live" and stat.ticks == sched.ticks
 
+    def _carried(self, rank: str) -> bool:
+        """A live process runs `rank` (a restarted server's, when an earlier one vanished)."""
+        return any(s.rank == rank for s in self.live.values())
+
     def _vanish(self, sched: Scheduler, now: float) -> None:
         """(under the lock) The process is gone or a zombie: the rank is down unless another
         process carries it."""
@@ -207,7 +211,7 @@ class ProcessWatcher(BackgroundLoop):
         code = stat.exit_code if stat.state == "zombie" and stat.ticks == sched.ticks else None
         self._vanished.append(_Vanished(sched, now, code))
         self._last_vanish[(sched.launcher, sched.launcher_ticks)] = now
-        if not any(s.rank == sched.rank for s in self.live.values()):
+        if not self._carried(sched.rank):
             self._up[sched.rank] = 0
 
     def _scan(self) -> dict[int, Scheduler]:
@@ -339,7 +343,7 @@ class ProcessWatcher(BackgroundLoop):
         with self._lock:
             self._judged(proc)
             self._deaths[(proc.rank, cause)] = self._deaths.get((proc.rank, cause), 0) + 1
-            if not any(s.rank == proc.rank for s in self.live.values()):
+            if not self._carried(proc.rank):
                 self._up[proc.rank] = 0
                 self._dead.add(proc.rank)
         if self.on_death is not None:
@@ -350,7 +354,7 @@ class ProcessWatcher(BackgroundLoop):
         """A clean stop: the rank leaves, unless it died before (its 0 stays until it comes back)."""
         with self._lock:
             self._judged(proc)
-            if proc.rank not in self._dead and not any(s.rank == proc.rank for s in self.live.values()):
+            if proc.rank not in self._dead and not self._carried(proc.rank):
                 self._up.pop(proc.rank, None)
         return True
 
@@ -404,7 +408,7 @@ class ProcessWatcher(BackgroundLoop):
                 else:
                     self._vanished.append(_Vanished(sched, now, stat.exit_code if stat.ticks == sched.ticks else code))
             for v in self._vanished:
-                if not any(s.rank == v.proc.rank for s in self.live.values()):
+                if not self._carried(v.proc.rank):
                     self._up[v.proc.rank] = 0
 
     def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
