@@ -106,7 +106,7 @@ def parse(raw) -> tuple[ServerInfo, list[str]]:
     if not isinstance(raw, dict) or not isinstance(raw.get("internal_states"), list):
         raise TypeError("not the /server_info shape (an object with an internal_states list)")
     r = _Reader()
-    states = []
+    states, patched = [], False
     listed = raw["internal_states"]
     if len(listed) > MAX_DP_RANKS:
         r.bad.append("internal_states")
@@ -120,8 +120,9 @@ def parse(raw) -> tuple[ServerInfo, list[str]]:
             r.bad.append("memory_usage")
             usage = None
         usage = usage or {}
-        mamba = {k: v for k in PATCH_KEYS if (v := r.count(s, k)) is not None} if any(
-            k in s for k in PATCH_MARKERS) else {}
+        marked = any(k in s for k in PATCH_MARKERS)
+        patched |= marked
+        mamba = {k: v for k in PATCH_KEYS if (v := r.count(s, k)) is not None} if marked else {}
         states.append(DpState(r.count(usage, "token_capacity"), r.number(usage, "kvcache"),
                               r.count(s, "effective_max_running_requests_per_dp"), mamba))
     info = ServerInfo(
@@ -130,7 +131,7 @@ def parse(raw) -> tuple[ServerInfo, list[str]]:
         context_length=r.count(raw, "context_length", 1) or r.count(raw, "max_req_input_len", 1),
         kv_cache_dtype=r.text(raw, "kv_cache_dtype"), prefill=r.text(raw, "dsa_prefill_backend"),
         decode=r.text(raw, "dsa_decode_backend"), max_total_num_tokens=r.count(raw, "max_total_num_tokens"),
-        states=tuple(states), patched=any(any(k in s for k in PATCH_MARKERS) for s in listed if isinstance(s, dict)))
+        states=tuple(states), patched=patched)
     return info, r.bad
 
 
