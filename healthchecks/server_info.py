@@ -252,8 +252,9 @@ class ServerInfoCollector:
                 self.f.gauge("dsa_mamba_slots_per_request", "Mamba state slots each running request holds", labels),
                 self.f.gauge("dsa_mamba_running_requests_cap", "Running requests the mamba state cache allows", labels))
 
-    def _mamba_from_log(self, log_kv):
-        slots, per_req, cap = self._mamba_families()
+    def _mamba_from_log(self, log_kv, families=None):
+        """The log's mamba figures, into `families` (new ones when not given)."""
+        slots, per_req, cap = families or self._mamba_families()
         _, log_slots, log_cap = log_kv
         for rank, n in sorted(log_slots.items()):
             slots.add(n, rank, "")
@@ -300,7 +301,8 @@ class ServerInfoCollector:
             mrr.add(state.effective if state.effective is not None else res.effective_per_dp, "effective", d)
             for by in concurrency.BINDING_LIMITS:
                 capped.add(1 if res.binding == by else 0, "none" if by == "request" else by, d)
-        mamba = [slots.family, per_req.family, cap.family] if info.patched else self._mamba_from_log(log_kv)
+        mamba = [slots.family, per_req.family, cap.family] if info.patched else self._mamba_from_log(
+            log_kv, (slots, per_req, cap))
         return [capacity.family, kv_bytes.family, mrr.family, capped.family, *mamba]
 
 
