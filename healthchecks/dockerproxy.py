@@ -96,13 +96,14 @@ class _Handler(BaseHTTPRequestHandler):
             conn.close()
 
     def do_GET(self):
-        m = _VERSIONED.match(self.path.split("?", 1)[0])
+        asked = self.path.split("?", 1)[0]
+        m = _VERSIONED.match(asked)
         path = m[1] if m else ""
         inspect = _INSPECT.match(path)
         if path not in ("/_ping", "/version") and not (inspect and inspect[1] in self.server.allow):
             return self._refuse()
         try:
-            status, body = self._upstream(self.path.split("?", 1)[0])
+            status, body = self._upstream(asked)
             if inspect and status == 200:
                 body = json.dumps(reduce_inspect(json.loads(body))).encode()
         except (OSError, ValueError, http.client.HTTPException) as e:
