@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from dsaops.healthchecks.logfollow import CHUNK, MAX_LINE, LogFollower
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
@@ -11,87 +12,81 @@ from benchmarks.sglang_standin import log_lines as L
 from tests.support.polling import wait_for
 
 
-def follower(path, position=None):
-    """A started follower; with `position`, a restarted exporter's, resuming there."""
-    state, errors = LogState(), ErrorCounts()
-    f = LogFollower(str(path), state, errors, poll=0.05)
-    f.resume(position)
-    return f.start(), state, errors
+@pytest.fixture
+def follower():
+    """Starts followers (with `position`, a restarted exporter's, resuming there); stops them
+    after the test."""
+    started = []
+
+    def start(path, position=None):
+        state, errors = LogState(), ErrorCounts()
+        started.append(LogFollower(str(path), state, errors, poll=0.05))
+        started[-1].resume(position)
+        return started[-1].start(), state, errors
+
+    yield start
+    for f in started:
+        f.stop()
 
 
 def kv_line(tokens, rank="TP0"):
     return L.line(L.kv_allocated(tokens, 1.0), (rank,))
 
 
-def test_starts_at_the_beginning_and_follows(tmp_path):
+def test_starts_at_the_beginning_and_follows(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1))
-    f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: state.kv.get("TP0", (0, 0))[1] == 1, 5)
-        with open(log, "a") as out:
-            out.write(kv_line(2))
-        assert wait_for(lambda: state.kv["TP0"][1] == 2, 5)
-        assert errors.counts()["log"] == 0
-    finally:
-        f.stop()
+    _, state, errors = follower(log)
+    assert wait_for(lambda: state.kv.get("TP0", (0, 0))[1] == 1, 5)
+    with open(log, "a") as out:
+        out.write(kv_line(2))
+    assert wait_for(lambda: state.kv["TP0"][1] == 2, 5)
+    assert errors.counts()["log"] == 0
 
 
-def test_rotation_reads_the_old_file_to_its_end_then_the_new(tmp_path):
+def test_rotation_reads_the_old_file_to_its_end_then_the_new(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1))
-    f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        with open(log, "a") as out:  # written just before the rename: must not be lost
-            out.write(kv_line(5, "TP5"))
-        os.rename(log, tmp_path / "sglang.log.1")
-        log.write_text(kv_line(7, "TP7"))
-        assert wait_for(lambda: "TP7" in state.kv and "TP5" in state.kv, 5)
-        assert errors.counts()["log"] == 0
-    finally:
-        f.stop()
+    _, state, errors = follower(log)
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    with open(log, "a") as out:  # written just before the rename: must not be lost
+        out.write(kv_line(5, "TP5"))
+    os.rename(log, tmp_path / "sglang.log.1")
+    log.write_text(kv_line(7, "TP7"))
+    assert wait_for(lambda: "TP7" in state.kv and "TP5" in state.kv, 5)
+    assert errors.counts()["log"] == 0
 
 
-def test_truncation_starts_over(tmp_path):
+def test_truncation_starts_over(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) * 50)
-    f, state, _ = follower(log)
-    try:
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        log.write_text(kv_line(3, "TP3"))  # shorter than what was read: truncated in place
-        assert wait_for(lambda: "TP3" in state.kv, 5)
-    finally:
-        f.stop()
+    _, state, _ = follower(log)
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    log.write_text(kv_line(3, "TP3"))  # shorter than what was read: truncated in place
+    assert wait_for(lambda: "TP3" in state.kv, 5)
 
 
-def test_half_line_waits_for_its_end(tmp_path):
+def test_half_line_waits_for_its_end(tmp_path, follower):
     log = tmp_path / "sglang.log"
     text = kv_line(9)
     log.write_text(text[:30])
     f, state, errors = follower(log)
-    try:
-        assert wait_for(f.caught_up.is_set, 5)
-        assert "TP0" not in state.kv
-        with open(log, "a") as out:
-            out.write(text[30:])
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        assert errors.counts()["log"] == 0
-    finally:
-        f.stop()
+    assert wait_for(f.caught_up.is_set, 5)
+    assert "TP0" not in state.kv
+    with open(log, "a") as out:
+        out.write(text[30:])
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    assert errors.counts()["log"] == 0
 
 
-def test_garbage_is_counted_and_the_follower_recovers(tmp_path):
+def test_garbage_is_counted_and_the_follower_recovers(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_bytes(b"\xff\xfe\x00binary\x00\n" + os.urandom(4096).replace(b"\n", b"") + b"\n" + b"x" * (MAX_LINE * 3)
                     + b"\n" + kv_line(4).encode())
-    f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        assert errors.counts()["log"] >= 3
-        assert state.kv["TP0"][1] == 4
-    finally:
-        f.stop()
+    _, state, errors = follower(log)
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    assert errors.counts()["log"] >= 3
+    assert state.kv["TP0"][1] == 4
 
 
 def test_an_endless_line_is_counted_once_and_memory_stays_bounded(tmp_path):
@@ -107,87 +102,72 @@ def test_an_endless_line_is_counted_once_and_memory_stays_bounded(tmp_path):
     assert biggest <= MAX_LINE + CHUNK
 
 
-def test_a_line_cut_by_truncation_is_counted(tmp_path):
+def test_a_line_cut_by_truncation_is_counted(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) + "[2026-11-29 10:00:00 TP0] KV Cache is allo")
-    f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        log.write_text("")
-        assert wait_for(lambda: errors.counts()["log"] == 1, 5)
-        with open(log, "a") as out:
-            out.write(kv_line(2, "TP2"))
-        assert wait_for(lambda: "TP2" in state.kv, 5)
-    finally:
-        f.stop()
+    _, state, errors = follower(log)
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    log.write_text("")
+    assert wait_for(lambda: errors.counts()["log"] == 1, 5)
+    with open(log, "a") as out:
+        out.write(kv_line(2, "TP2"))
+    assert wait_for(lambda: "TP2" in state.kv, 5)
 
 
-def test_missing_file_is_counted_once_and_waited_for(tmp_path):
+def test_missing_file_is_counted_once_and_waited_for(tmp_path, follower):
     log = tmp_path / "later.log"
     f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: errors.counts()["log"] == 1, 5)
-        wait_for(lambda: False, 0.5)  # several looks: still counted once (again only after a minute)
-        assert errors.counts()["log"] == 1 and f.events["missing"] == 1
-        log.write_text(kv_line(6))
-        assert wait_for(lambda: "TP0" in state.kv, 5)
-        assert errors.counts()["log"] == 1
-    finally:
-        f.stop()
+    assert wait_for(lambda: errors.counts()["log"] == 1, 5)
+    wait_for(lambda: False, 0.5)  # several looks: still counted once (again only after a minute)
+    assert errors.counts()["log"] == 1 and f.events["missing"] == 1
+    log.write_text(kv_line(6))
+    assert wait_for(lambda: "TP0" in state.kv, 5)
+    assert errors.counts()["log"] == 1
 
 
-def test_truncation_then_fast_writes_lose_nothing(tmp_path):
+def test_truncation_then_fast_writes_lose_nothing(tmp_path, follower):
     """Truncated, then written past the old offset before the next look: the size alone would not
     show it; the file's first bytes do, and the first new line is read."""
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) * 20)
     f, state, errors = follower(log)
-    try:
-        assert wait_for(f.caught_up.is_set, 5) and state.kv["TP0"][1] == 1
-        f._stop.set()  # hold the follower while the file is rewritten
-        f._thread.join(5)
-        text = kv_line(2, "TP2") + "".join(kv_line(100 + i, "TP3") for i in range(40))
-        log.write_text(text)
-        assert log.stat().st_size > 20 * len(kv_line(1))
-        f._stop.clear()
-        f.start()
-        assert wait_for(lambda: state.kv.get("TP3", (0, 0))[1] == 139, 5)
-        assert state.kv["TP2"][1] == 2  # the first line after the truncation
-        assert f.events["truncated"] == 1 and errors.counts()["log"] == 0
-    finally:
-        f.stop()
+    assert wait_for(f.caught_up.is_set, 5) and state.kv["TP0"][1] == 1
+    f._stop.set()  # hold the follower while the file is rewritten
+    f._thread.join(5)
+    text = kv_line(2, "TP2") + "".join(kv_line(100 + i, "TP3") for i in range(40))
+    log.write_text(text)
+    assert log.stat().st_size > 20 * len(kv_line(1))
+    f._stop.clear()
+    f.start()
+    assert wait_for(lambda: state.kv.get("TP3", (0, 0))[1] == 139, 5)
+    assert state.kv["TP2"][1] == 2  # the first line after the truncation
+    assert f.events["truncated"] == 1 and errors.counts()["log"] == 0
 
 
-def test_a_fifo_at_the_path_never_blocks(tmp_path):
+def test_a_fifo_at_the_path_never_blocks(tmp_path, follower):
     log = tmp_path / "sglang.log"
     os.mkfifo(log)
     f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: f.events["not_a_file"] == 1, 5)
-        assert errors.counts()["log"] == 1
-        assert wait_for(lambda: "log" in f.errors.beats(), 2)  # the loop turns: it is not stuck in open()
-        beat = f.errors.beats()["log"]
-        assert wait_for(lambda: f.errors.beats()["log"] > beat, 2)
-        log.unlink()
-        log.write_text(kv_line(5))
-        assert wait_for(lambda: state.kv.get("TP0", (0, 0))[1] == 5, 5)
-    finally:
-        f.stop()
+    assert wait_for(lambda: f.events["not_a_file"] == 1, 5)
+    assert errors.counts()["log"] == 1
+    assert wait_for(lambda: "log" in f.errors.beats(), 2)  # the loop turns: it is not stuck in open()
+    beat = f.errors.beats()["log"]
+    assert wait_for(lambda: f.errors.beats()["log"] > beat, 2)
+    log.unlink()
+    log.write_text(kv_line(5))
+    assert wait_for(lambda: state.kv.get("TP0", (0, 0))[1] == 5, 5)
 
 
-def test_a_line_over_the_limit_is_dropped_even_when_clean(tmp_path):
+def test_a_line_over_the_limit_is_dropped_even_when_clean(tmp_path, follower):
     log = tmp_path / "sglang.log"
     long_line = kv_line(7, "TP7").rstrip("\n") + " " + "x" * (MAX_LINE + 10) + "\n"
     log.write_text(long_line + kv_line(8, "TP8"))
     f, state, errors = follower(log)
-    try:
-        assert wait_for(lambda: "TP8" in state.kv, 5)
-        assert "TP7" not in state.kv and f.events["line_dropped"] == 1 and errors.counts()["log"] == 1
-    finally:
-        f.stop()
+    assert wait_for(lambda: "TP8" in state.kv, 5)
+    assert "TP7" not in state.kv and f.events["line_dropped"] == 1 and errors.counts()["log"] == 1
 
 
-def test_a_restarted_follower_resumes_where_it_stopped(tmp_path):
+def test_a_restarted_follower_resumes_where_it_stopped(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) + "filler line\n" * 50_000)
     f, state, _ = follower(log)
@@ -198,15 +178,12 @@ def test_a_restarted_follower_resumes_where_it_stopped(tmp_path):
     with open(log, "a") as out:
         out.write(kv_line(2, "TP2"))
     f, state, _ = follower(log, position)
-    try:
-        assert wait_for(lambda: "TP2" in state.kv, 5)
-        assert "TP0" not in state.kv  # the part before the position was not read again
-        assert f.events["resumed"] == 1
-    finally:
-        f.stop()
+    assert wait_for(lambda: "TP2" in state.kv, 5)
+    assert "TP0" not in state.kv  # the part before the position was not read again
+    assert f.events["resumed"] == 1
 
 
-def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path):
+def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path, follower):
     log = tmp_path / "sglang.log"
     log.write_text(kv_line(1) * 10)
     f, state, _ = follower(log)
@@ -216,10 +193,7 @@ def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path):
     log.unlink()
     log.write_text(kv_line(3, "TP3") * 20)  # longer, maybe even the same inode: its first bytes differ
     f, state, _ = follower(log, position)
-    try:
-        assert wait_for(lambda: "TP3" in state.kv, 5) and f.events["reread"] == 1
-    finally:
-        f.stop()
+    assert wait_for(lambda: "TP3" in state.kv, 5) and f.events["reread"] == 1
 
 
 def test_rotation_by_the_servers_writer_while_followed_and_while_down(tmp_path):
