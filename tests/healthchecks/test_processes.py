@@ -17,6 +17,7 @@ from dsaops.healthchecks.oom import KernelOomRecords
 from dsaops.healthchecks.processes import ProcessWatcher
 
 from benchmarks.sglang_standin import log_lines as L
+from tests.healthchecks.watched_ranks import deaths, ranks_up
 from tests.support.polling import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
@@ -46,24 +47,6 @@ def watched(tmp_path):
 def append(path, text):
     with open(path, "a") as f:
         f.write(text)
-
-
-def ranks_up(watcher, lch):
-    """Every scheduler of this launcher is watched, and no other is up (a rank of the previous test
-    can still be alive for a moment after its SIGKILL: counting ranks alone was satisfied by those,
-    and a kill then hit a process the watcher had not seen yet)."""
-    def ours():
-        try:
-            watched = set(watcher.live)
-        except RuntimeError:  # the watcher thread changed the dict while it was read
-            return False
-        return set(lch.pids) <= watched and sum(watcher.snapshot()[0].values()) == len(lch.pids)
-
-    return wait_for(ours, 10)
-
-
-def deaths(watcher):
-    return {k: v for k, v in watcher.snapshot()[1].items() if v}
 
 
 def test_sigkill_with_the_watchdog_line_is_one_death(watched, launcher):

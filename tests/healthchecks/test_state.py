@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from dsaops.healthchecks.exporter import Config, Exporter
 
+from tests.healthchecks.watched_ranks import deaths, ranks_up
 from tests.support.polling import wait_for
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
@@ -40,32 +41,24 @@ def node(tmp_path, fake_server):
         exp.stop()
 
 
-def deaths(exp):
-    return {k: v for k, v in exp.watcher.snapshot()[1].items() if v}
-
-
 def up(exp):
     return exp.watcher.snapshot()[0]
-
-
-def all_up(exp, lch):
-    return wait_for(lambda: set(lch.pids) <= set(exp.watcher.live) and sum(up(exp).values()) == len(lch.pids), 10)
 
 
 def test_a_death_outlives_restarts_of_the_exporter(node, launcher):
     lch = launcher(TITLES, "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     os.kill(lch.pids[1], signal.SIGKILL)  # a worker node: no watchdog line, the server runs on
     # the cause: sigkill when a poll saw the zombie before its launcher reaped it, else unknown
-    assert wait_for(lambda: set(deaths(exp)) in ({("TP1", "unknown")}, {("TP1", "sigkill")}), 8), deaths(exp)
-    first = deaths(exp)
+    assert wait_for(lambda: set(deaths(exp.watcher)) in ({("TP1", "unknown")}, {("TP1", "sigkill")}), 8), deaths(exp.watcher)
+    first = deaths(exp.watcher)
     assert sum(first.values()) == 1
     for _ in range(2):  # restarted twice: still one death, and TP1 still down while its server runs
         exp = node["start"]()
         assert wait_for(lambda e=exp: {r for r, v in up(e).items() if v} == {"TP0", "TP2", "TP3"}, 10), up(exp)
         wait_for(lambda: False, 3)  # longer than the stop window: nothing more is counted
-        assert deaths(exp) == first
+        assert deaths(exp.watcher) == first
         assert up(exp) == {"TP0": 1, "TP1": 0, "TP2": 1, "TP3": 1}
     assert "TP0" in json.loads(node["state"].read_text())["log"]["kv"]  # the startup lines, not re-read
 
@@ -73,27 +66,27 @@ def test_a_death_outlives_restarts_of_the_exporter(node, launcher):
 def test_negative_control_without_the_state_file_a_restart_forgets(node, launcher):
     lch = launcher(TITLES[:2], "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     os.kill(lch.pids[1], signal.SIGKILL)
-    assert wait_for(lambda: sum(deaths(exp).values()) == 1, 8)
+    assert wait_for(lambda: sum(deaths(exp.watcher).values()) == 1, 8)
     exp.stop()
     node["state"].unlink()
     exp = node["start"]()
-    assert wait_for(lambda: up(exp) == {"TP0": 1}, 8) and deaths(exp) == {}
+    assert wait_for(lambda: up(exp) == {"TP0": 1}, 8) and deaths(exp.watcher) == {}
 
 
 def test_a_rank_killed_while_the_exporter_is_down_is_counted_once_with_its_cause(node, launcher):
     lch = launcher(TITLES, "--join-in-order", "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     exp.stop()
     os.kill(lch.pids[2], signal.SIGKILL)  # joined after TP0 and TP1: a zombie that says SIGKILL
     exp = node["start"]()
-    assert wait_for(lambda: deaths(exp) == {("TP2", "sigkill"): 1}, 8), deaths(exp)
+    assert wait_for(lambda: deaths(exp.watcher) == {("TP2", "sigkill"): 1}, 8), deaths(exp.watcher)
     assert up(exp)["TP2"] == 0
     exp = node["start"]()
     wait_for(lambda: False, 3)
-    assert deaths(exp) == {("TP2", "sigkill"): 1} and up(exp)["TP2"] == 0
+    assert deaths(exp.watcher) == {("TP2", "sigkill"): 1} and up(exp)["TP2"] == 0
 
 
 def test_a_server_that_died_and_restarted_while_the_exporter_was_down(node, launcher):
@@ -101,7 +94,7 @@ def test_a_server_that_died_and_restarted_while_the_exporter_was_down(node, laun
     exporter comes back: the log read on from its saved position says who died and why."""
     lch = launcher(TITLES, "--watchdog", "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     exp.stop()
     victim = lch.pids[3]
     os.kill(victim, signal.SIGKILL)
@@ -109,26 +102,26 @@ def test_a_server_that_died_and_restarted_while_the_exporter_was_down(node, laun
     assert f"(pid={victim}) crashed with exit code -9" in node["log"].read_text()
     again = launcher(TITLES, "--watchdog", "--log", str(node["log"]))
     exp = node["start"]()
-    assert wait_for(lambda: deaths(exp) == {("TP3", "sigkill"): 1}, 8), deaths(exp)
-    assert all_up(exp, again)  # the restarted server's ranks are up, TP3 too
+    assert wait_for(lambda: deaths(exp.watcher) == {("TP3", "sigkill"): 1}, 8), deaths(exp.watcher)
+    assert ranks_up(exp.watcher, again)  # the restarted server's ranks are up, TP3 too
     assert exp.follower.events["resumed"] == 1
 
 
 def test_a_clean_stop_while_the_exporter_is_down_is_no_death(node, launcher):
     lch = launcher(TITLES, "--sigterm-line", "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     exp.stop()
     lch.stop()
     exp = node["start"]()
     assert wait_for(lambda: up(exp) == {}, 8), up(exp)
-    assert deaths(exp) == {}
+    assert deaths(exp.watcher) == {}
 
 
 def test_the_state_file_is_replaced_whole_and_a_bad_one_is_set_aside(node, launcher):
     lch = launcher(TITLES[:2], "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     exp.keeper.save()
     saved = json.loads(node["state"].read_text())
     assert saved["version"] == 1 and {r["rank"] for r in saved["processes"]["ranks"]} == {"TP0", "TP1"}
@@ -138,7 +131,7 @@ def test_the_state_file_is_replaced_whole_and_a_bad_one_is_set_aside(node, launc
     exp = node["start"]()
     assert exp.errors.counts()["state"] == 1
     assert (node["state"].parent / "exporter.json.bad").exists()
-    assert all_up(exp, lch)  # and it serves afresh
+    assert ranks_up(exp.watcher, lch)  # and it serves afresh
     exp.keeper.save()
     assert json.loads(node["state"].read_text())["version"] == 1
 
@@ -146,7 +139,7 @@ def test_the_state_file_is_replaced_whole_and_a_bad_one_is_set_aside(node, launc
 def test_a_state_write_that_fails_is_counted_and_retried(node, launcher, tmp_path):
     lch = launcher(TITLES[:1], "--log", str(node["log"]))
     exp = node["start"]()
-    assert all_up(exp, lch)
+    assert ranks_up(exp.watcher, lch)
     folder = node["state"].parent
     if subprocess.run(["chattr", "+i", str(folder)], capture_output=True, check=False).returncode:
         pytest.skip("chattr +i is not available here (needs root and an ext4/xfs-like filesystem)")
