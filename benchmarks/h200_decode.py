@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import inspect
 import json
 import os
 import shlex
@@ -253,8 +252,6 @@ class FakeTimer:
 def _dsaops_gpu(q, kv, indices, topk_length=None):
     from dsaops.kernels import sparse_mla_decode_fp8
 
-    if topk_length is None:
-        return sparse_mla_decode_fp8(q, kv, indices, SM_SCALE)
     return sparse_mla_decode_fp8(q, kv, indices, SM_SCALE, topk_length=topk_length)
 
 
@@ -320,7 +317,6 @@ class Run:
         self.sgl = None
         self.flashmla_cls = None
         self.proxy = None
-        self.takes_topk_length = self.dry or _takes_topk_length()
         self._flashmla = {}
         self._q, self._idx = {}, None
         self.slots = DRY["slots"] if self.dry else SLOTS
@@ -366,12 +362,6 @@ class Run:
                 idx[:, :, valid:] = -1
             out.append((q[i:i + S], idx))
         return out
-
-
-def _takes_topk_length():
-    from dsaops.kernels import sparse_mla_decode_fp8
-
-    return "topk_length" in inspect.signature(sparse_mla_decode_fp8).parameters
 
 
 def _attempt(row, key, fn, *args):
@@ -506,13 +496,11 @@ def run_short(run, result):
             want = accuracy.reference_outputs(q0, run.pool["bf16"], idx0, SM_SCALE, ("raw_kv_floor",))["raw_kv_floor"]
             row = {"H": H, "S": S, "valid": valid, "dsaops_us": us, "full_us": full,
                    "pct_of_full": round(100 * us / full, 1),
-                   "rel_err": round(accuracy.rel_err(run.dsaops(q0, pool, idx0), want), 5),
-                   "topk_length_us": None}
-            if run.takes_topk_length:
-                length = torch.full((S,), valid, dtype=torch.int32, device=run.device)
-                row["topk_length_us"] = run.timer.rotated(
-                    [functools.partial(run.dsaops, q, pool, idx, length) for q, idx in sets])
-                row["topk_length_rel_err"] = round(accuracy.rel_err(run.dsaops(q0, pool, idx0, length), want), 5)
+                   "rel_err": round(accuracy.rel_err(run.dsaops(q0, pool, idx0), want), 5)}
+            length = torch.full((S,), valid, dtype=torch.int32, device=run.device)
+            row["topk_length_us"] = run.timer.rotated(
+                [functools.partial(run.dsaops, q, pool, idx, length) for q, idx in sets])
+            row["topk_length_rel_err"] = round(accuracy.rel_err(run.dsaops(q0, pool, idx0, length), want), 5)
             rows.append(row)
             print(json.dumps(row), flush=True)
 
