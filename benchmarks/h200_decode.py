@@ -724,7 +724,6 @@ def measure(args) -> dict:
     else:
         run.sgl, run.proxy = _SglangStandIn, _proxy_standin
         run.flashmla_cls = None if args.no_flashmla else _FlashMLAStandIn
-    measuring = [s for s in args.sections if s != "compile"]
     for name in args.sections:
         start = time.time()
         if name == "compile":
@@ -745,7 +744,7 @@ def measure(args) -> dict:
              "proxy": run_proxy, "kvcopy": run_kvcopy}[name](run, result)
         elapsed[name] = round(time.time() - start, 1)
         print(f"== {name}: {elapsed[name]:.0f} s (run {time.time() - t0:.0f} s)", flush=True)
-        if measuring and name != "compile":
+        if name != "compile":
             write(result, args.out)
     return result
 
