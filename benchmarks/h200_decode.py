@@ -634,7 +634,7 @@ def parse_args(argv):
     p.add_argument("--heads", type=int, nargs="+")
     p.add_argument("--batches", type=int, nargs="+")
     p.add_argument("--tiles", nargs="*", default=[],
-                   help="extra tiles to time as heads:rows:stages:threads[:ws|:vr] (printed, not in the JSON)")
+                   help="extra tiles to time as heads:rows:stages:threads[:vr] (printed, not in the JSON)")
     args = p.parse_args(argv)
     args.command = shlex.join(["python3", "benchmarks/h200_decode.py", *(sys.argv[1:] if argv is None else argv)])
     unknown = sorted(set(args.sections + args.skip) - set(SECTIONS))
