@@ -23,7 +23,7 @@ import hashlib
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsaops.kernels import tiles
@@ -279,6 +279,5 @@ def for_server(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> Deci
     except BadSetting as e:
         decision = Decision("sglang", "bad_setting", str(e), 1, target.name if target else "", num_heads)
     if unread:
-        decision = Decision(decision.kernel, decision.reason, f"{decision.detail} (verdict ignored: {unread})",
-                            decision.min_batch, decision.target, decision.heads)
+        decision = replace(decision, detail=f"{decision.detail} (verdict ignored: {unread})")
     return decision
