@@ -260,17 +260,22 @@ def gpu_identity(props, hip: bool) -> dict:
     return {"name": props.name, "compute_capability": cc}
 
 
-def for_server(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> Decision:
-    """The decision inside SGLang, on its current GPU, for one decode geometry (patch 0006). A bad
-    DSAOPS_DECODE or an unreadable verdict keeps SGLang's kernel and says so: the server starts."""
+def current_gpu() -> tuple:
+    """(torch's device properties, whether it is ROCm, gpu_identity, dsaops target or None) of torch's
+    current GPU."""
     import torch
 
     from dsaops import targets
 
     hip = bool(torch.version.hip)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    gpu = gpu_identity(props, hip)
-    target = targets.for_gpu(props, hip)
+    return props, hip, gpu_identity(props, hip), targets.for_gpu(props, hip)
+
+
+def for_server(num_heads: int, d_qk: int, d_v: int, topk: int, kv_dtype) -> Decision:
+    """The decision inside SGLang, on its current GPU, for one decode geometry (patch 0006). A bad
+    DSAOPS_DECODE or an unreadable verdict keeps SGLang's kernel and says so: the server starts."""
+    _, hip, gpu, target = current_gpu()
     verdict, unread = load_verdict_quietly(verdict_path())
     try:
         decision = decide(target, num_heads, verdict=verdict, gpu=gpu, hip=hip,

@@ -257,12 +257,7 @@ def run(args) -> int:
         raise UserError("torch is not installed here: run the selftest in the image or on the GPU host") from None
     if not torch.cuda.is_available():
         raise UserError("no GPU visible: run on the serving GPU (docker run --gpus all IMAGE dsaops kernels selftest)")
-    from dsaops import targets
-
-    hip = bool(torch.version.hip)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    gpu = route.gpu_identity(props, hip)
-    target = targets.for_gpu(props, hip)
+    props, hip, gpu, target = route.current_gpu()
     if hip or target is None or target.dsaops_decode == "never":
         raise UserError(f"{gpu['name']} ({gpu['compute_capability']}): dsaops has no decode kernel for it; SGLang's "
                         "own decode serves, nothing to test")
