@@ -146,7 +146,8 @@ def pct(x: float | None, digits: int = 2) -> str | None:
 
 
 def times(c: dict, key: str) -> str | None:
-    return f"{_ratio(c, key):.2f}×" if _ratio(c, key) else None
+    ratio = _ratio(c, key)
+    return f"{ratio:.2f}×" if ratio else None
 
 
 def run_table(runs: list[tuple[str, dict]], raw: list[str]) -> list[str]:
