@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsaops.kernels import decode, reference, sparse_mla_decode_fp8, tiles
+from dsaops.kernels.accuracy import rel_err
 from dsaops.kernels.decode import decode_with_tile
 
 from dsaops import targets
@@ -29,10 +30,6 @@ def decode_on(target, q, kv, idx, scale, return_lse=False):
     if target is None:
         return sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=return_lse)
     return decode_with_tile(q, kv, idx, scale, D_V, return_lse, target=target)
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def make(S, H, d_tail, topk, *, seed=0, slots=SLOTS):

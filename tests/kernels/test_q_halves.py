@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dsaops.kernels import q_halves, reference
+from dsaops.kernels.accuracy import rel_err
 
 FP8 = torch.float8_e4m3fn
 P_SHIFT = 8  # decode_regs.P_SHIFT (decode_regs imports TileLang; this file runs without it)
@@ -84,10 +85,6 @@ def data(kind, S=4, H=16, topk=2048, slots=16384, d=512, seed=0):
             for h in range(H):
                 q[s, h] += 1.5 * kv[idx[s, torch.randperm(topk, generator=g)[:8]]].float().mean(0)
     return q.bfloat16(), kv, idx[:, None, :].to(torch.int32)
-
-
-def rel_err(out, ref):
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 @pytest.mark.parametrize("kind", ["normal", "outlier", "peaked"])
