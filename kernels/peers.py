@@ -15,6 +15,7 @@ import sys
 import types
 
 SGLANG_KERNEL = ("sglang", "kernels", "ops", "attention", "dsa", "tilelang_kernel.py")
+SGLANG_KERNEL_MODULE = ".".join(SGLANG_KERNEL).removesuffix(".py")  # as the installed sglang imports it
 FLASHMLA_FORMAT = "V32_NO_ROPE"
 
 

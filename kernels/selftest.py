@@ -36,7 +36,6 @@ ROW_BYTES = D_V + 4    # a top-k row read: its fp8 values and its int32 id
 KERNEL_ERR_MAX = 0.01  # tests/kernels/test_decode_gpu.py
 FLOOR_FACTOR = 1.1     # tests/kernels/test_decode_accuracy_gpu.py
 WRONG_KERNEL = "DSAOPS_SELFTEST_WRONG_KERNEL"
-SGLANG_KERNEL_MODULE = "sglang.kernels.ops.attention.dsa.tilelang_kernel"
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -199,7 +198,7 @@ def sglang_kernel(root: Path | None):
     import importlib
 
     try:
-        module = importlib.import_module(SGLANG_KERNEL_MODULE)
+        module = importlib.import_module(peers.SGLANG_KERNEL_MODULE)
     except ImportError as e:
         raise UserError(f"SGLang's decode kernel does not import here ({e}); outside the image, pass --sglang-root "
                         "DIR (the folder that holds sglang/ of the pinned wheel)") from None
