@@ -39,7 +39,6 @@ CHOICES = ("auto", "dsaops", "sglang")
 # the `reason` label of the log line and of dsa_decode_kernel_info (a bounded set)
 REASONS = ("setting", "bad_setting", "no_hip_kernels", "unknown_gpu", "unsupported_geometry", "measured",
            "not_measured", "selftest_passed", "selftest_slower", "selftest_incorrect", "not_installed")
-_TABLE_REASONS = {"default": "measured", "selftest": "not_measured", "never": "no_hip_kernels"}
 _NOT_KERNEL = {"route"}  # decode.py asks this module about geometry: the routing, not the kernel
 
 
@@ -241,7 +240,7 @@ def decide(target, heads: int | None = None, *, env=None, verdict: dict | None =
         return made("dsaops", "setting", f"{SETTING}=dsaops" + note)
     if target.dsaops_decode == "default":
         return made("dsaops", "measured", target.decode_evidence + note, preferred_min_batch(heads or 1))
-    return made("sglang", _TABLE_REASONS[target.dsaops_decode], target.decode_evidence + note)
+    return made("sglang", "not_measured", target.decode_evidence + note)  # "selftest": no verdict holds yet
 
 
 def load_verdict_quietly(path: Path) -> tuple[dict | None, str]:
