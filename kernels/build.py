@@ -85,6 +85,15 @@ def _build(job) -> tuple:
             PDL_WAIT in device, report)
 
 
+def kernel_jobs(target, row_scaled: bool = False, merges: bool = True) -> list[tuple]:
+    """(tile, d_tail) of every decode kernel the dispatch can choose on `target` (a Target), for the
+    raw or the row-scaled layout, in a stable order; with `merges`, then each split merge (d_tail None)."""
+    from dsaops.kernels import tiles
+
+    jobs = sorted({(tile, dt) for _, dt, tile in tiles.configurations(target, row_scaled=row_scaled)}, key=str)
+    return jobs + ([(c, None) for c in tiles.COMBINES] if merges else [])
+
+
 def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | None = None,
           workers: int | None = None, ptxas: bool = False, row_scaled: bool = False) -> list[Built]:
     """Compile (tile, d_tail) kernels for a target in parallel processes; default: every one the
@@ -99,8 +108,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
         raise ValueError(f"{target_name}: kernels are compiled for NVIDIA targets only "
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
     if jobs is None:
-        jobs = (sorted({(tile, dt) for _, dt, tile in tiles.configurations(target)}, key=str)
-                + [(c, None) for c in tiles.COMBINES])
+        jobs = kernel_jobs(target)
     work = [(target_name, tile, dt, cache_dir, ptxas, row_scaled) for tile, dt in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1)
     if workers == 1:

@@ -31,7 +31,8 @@ def _decode_kernels_compiled(request):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         return
-    from dsaops.kernels import decode, tiles
+    from dsaops.kernels import decode
+    from dsaops.kernels.build import kernel_jobs
 
     own = _own_target(torch)
     if own is None or own.vendor != "nvidia":
@@ -39,8 +40,7 @@ def _decode_kernels_compiled(request):
     jobs = []
     for name in [own.name] + [t for t in TARGETS if t and own.has("wgmma")]:
         target = decode.kernel_target(name)
-        for row_scaled in (False, True) if name == own.name else (False,):
-            configs = {(tile, d_tail) for _, d_tail, tile in tiles.configurations(target, row_scaled=row_scaled)}
-            jobs += [(name, tile, d_tail, row_scaled) for tile, d_tail in sorted(configs, key=str)]
-        jobs += [(name, c, None, False) for c in tiles.COMBINES]
+        jobs += [(name, tile, d_tail, False) for tile, d_tail in kernel_jobs(target)]
+        if name == own.name:
+            jobs += [(name, tile, d_tail, True) for tile, d_tail in kernel_jobs(target, row_scaled=True, merges=False)]
     decode.warm_cache(jobs)

@@ -28,8 +28,7 @@ def sources():
     need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     gb10 = targets.get("sm_121")
-    jobs = sorted({(tile, d_tail) for _, d_tail, tile in tiles.configurations(gb10)}, key=str)
-    jobs += [(c, None) for c in tiles.COMBINES]
+    jobs = build.kernel_jobs(gb10)
     decode.warm_cache([(name, tile, d_tail, False) for name in (PROXY, "sm_121") for tile, d_tail in jobs])
     out = {}
     for tile, d_tail in jobs:
