@@ -116,12 +116,11 @@ def sm121_proxy():
     worker processes to put the proxy's kernels into the TileLang cache (d_tail 0, the benchmark's
     geometry, and the merges), and decode(q, kv, indices, sm_scale) returns the proxy's output
     [S, H, 512] bf16."""
-    from dsaops.kernels import decode, tiles
+    from dsaops.kernels import decode
+    from dsaops.kernels.build import kernel_jobs
 
-    target = decode.kernel_target(PROXY_TARGET)
-    kernels = sorted({tile for _, dt, tile in tiles.configurations(target) if dt == 0}, key=str)
-    jobs = [(decode.compile_job, (PROXY_TARGET, tile, 0, False)) for tile in kernels]
-    jobs += [(decode.compile_job, (PROXY_TARGET, c, None, False)) for c in tiles.COMBINES]
+    jobs = [(decode.compile_job, (PROXY_TARGET, tile, dt, False))
+            for tile, dt in kernel_jobs(decode.kernel_target(PROXY_TARGET)) if dt in (0, None)]
 
     def run(q, kv, indices, sm_scale):
         return decode.decode_with_tile(q, kv, indices, sm_scale, D_V, False, target=PROXY_TARGET)
@@ -158,15 +157,15 @@ def _warm_dsaops(job):
 def compile_jobs(sglang_root, heads, batches, extra_tiles=(), proxy_jobs=()):
     """(function, argument) pairs: every dsaops sm_90 kernel the dispatch can choose (both d_tails,
     raw and row-scaled: what `make test-gpu` runs), `extra_tiles`, the proxy's, SGLang's per case."""
-    from dsaops.kernels import tiles
+    from dsaops.kernels.build import kernel_jobs
 
     from dsaops import targets
 
     target = targets.get("sm_90")
-    raw = sorted({(t, dt) for _, dt, t in tiles.configurations(target)} | {(t, 0) for t in extra_tiles}, key=str)
-    scaled = sorted({(t, dt) for _, dt, t in tiles.configurations(target, row_scaled=True)}, key=str)
-    jobs = [(_warm_dsaops, (t, dt, False)) for t, dt in raw] + [(_warm_dsaops, (t, dt, True)) for t, dt in scaled]
-    jobs += [(_warm_dsaops, (c, None, False)) for c in tiles.COMBINES] + list(proxy_jobs)
+    raw = dict.fromkeys(kernel_jobs(target) + [(t, 0) for t in extra_tiles])  # an extra tile may be a chosen one
+    jobs = [(_warm_dsaops, (t, dt, False)) for t, dt in raw]
+    jobs += [(_warm_dsaops, (t, dt, True)) for t, dt in kernel_jobs(target, row_scaled=True, merges=False)]
+    jobs += list(proxy_jobs)
     if sglang_root:
         jobs += [(_warm_sglang, (sglang_root, H, 1, False)) for H in heads]  # bf16 kernel: no split, S-free
         jobs += [(_warm_sglang, (sglang_root, H, S, True)) for H in heads for S in batches]
