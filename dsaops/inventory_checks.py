@@ -41,28 +41,22 @@ def _match(pattern: re.Pattern) -> Callable[[object], bool]:
     return lambda v: isinstance(v, str) and pattern.fullmatch(v) is not None
 
 
-def _ipv4(value) -> bool:
-    try:
-        ipaddress.IPv4Address(str(value))
-    except ValueError:
-        return False
-    return isinstance(value, str)
+def _parses(parse: Callable[[str], object]) -> Callable[[object], bool]:
+    """A check that `value` is a string `parse` (an ipaddress constructor) takes without ValueError."""
+    def check(value) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            parse(value)
+        except ValueError:
+            return False
+        return True
+    return check
 
 
-def _ip(value) -> bool:
-    try:
-        ipaddress.ip_address(str(value))
-    except ValueError:
-        return False
-    return isinstance(value, str)
-
-
-def _cidr(value) -> bool:
-    try:
-        ipaddress.IPv4Network(str(value), strict=False)
-    except ValueError:
-        return False
-    return isinstance(value, str)
+_ipv4 = _parses(ipaddress.IPv4Address)
+_ip = _parses(ipaddress.ip_address)
+_cidr = _parses(lambda v: ipaddress.IPv4Network(v, strict=False))
 
 
 def _list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
