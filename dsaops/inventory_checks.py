@@ -102,6 +102,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "seconds": (_between(1, 1 << 31), "a whole number of seconds, 1 or more"),
     "fraction": (_between(0.01, 0.99, whole=False), "a fraction between 0 and 1, e.g. 0.85"),
     "gib": (_between(0.01, 1 << 20, whole=False), "a positive number of GiB"),
+    "root_or_registry": (lambda v: v == "" or _match(re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*"))(v),
+                         "empty, or a registry prefix such as registry.lan:5000/team"),
     "image": (_match(_IMAGE), "a Docker image reference such as registry:5000/dsaops/sglang:TAG-sm_90 (not empty)"),
     "path": (_match(_PATH), "an absolute path of letters, digits and '_', '.', '+', '@', '-' (no spaces)"),
     "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
@@ -167,8 +169,6 @@ VARIABLES: dict[str, str] = {
     "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
     "sglang_server_oom_score_adj": "oom_score",
 }
-KINDS["root_or_registry"] = (lambda v: v == "" or _match(re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*"))(v),
-                             "empty, or a registry prefix such as registry.lan:5000/team")
 _NULLABLE = {"size", "mtu"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
 
