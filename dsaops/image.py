@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -61,11 +60,6 @@ def _target(name: str):
     return targets.get(name)
 
 
-def _host_platform() -> str:
-    machine = {"arm64": "aarch64", "amd64": "x86_64"}.get(platform.machine(), platform.machine())
-    return next((p for p, m in _ARCH.items() if m == machine), f"linux/{machine}")
-
-
 def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The Dockerfile's build arguments for `target`; `extra` adds or overrides (e.g. a local base)."""
     from dsaops import __version__
@@ -98,10 +92,7 @@ def image_name(target_name: str, *, registry: str = "", tag: str = "") -> str:
 
 def detect_builder() -> str:
     """`buildx` where the docker CLI has the plugin, else `docker` (plain `docker build`)."""
-    if not shutil.which("docker"):
-        return "docker"
-    found = subprocess.run(["docker", "buildx", "version"], check=False, capture_output=True, timeout=60)
-    return "buildx" if found.returncode == 0 else "docker"
+    return "buildx" if shutil.which("docker") and build_host.has_buildx() else "docker"
 
 
 def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, builder: str = "auto",
@@ -142,8 +133,8 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
             commands.append(["docker", "push", image])
 
     notes = []
-    if target.platform != _host_platform():
-        notes.append(f"this host is {_host_platform()}: building {target.platform} runs every RUN step under QEMU "
+    if target.platform != (host := image_base.platform()):
+        notes.append(f"this host is {host}: building {target.platform} runs every RUN step under QEMU "
                      f"emulation (hours, and binfmt_misc must be set up); build on a {target.platform} machine "
                      f"instead (for sm_121: on the DGX Spark itself)")
     return Plan(target, image, context, args, commands, notes)
@@ -308,7 +299,7 @@ def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
     """Stage the context (the SGLang wheel: `sglang_wheel`, else the pinned one from the index) and
     run the plan's commands: 0 when the image was built, else the failing command's exit code."""
     missing = build_host.problems(base=p.build_args["BASE_IMAGE"], platform=p.target.platform,
-                                  host_platform=_host_platform(), uses_buildx=p.commands[0][:2] == ["docker", "buildx"])
+                                  host_platform=image_base.platform(), uses_buildx=p.commands[0][:2] == ["docker", "buildx"])
     if missing:
         raise UserError("\n".join(missing))
     for note in p.notes:

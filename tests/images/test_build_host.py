@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dsaops import build_host
-from dsaops.image import _host_platform
+from dsaops import build_host, image_base
 from tests.images.docker_build import REPO
 
 FAKE_DOCKER = r"""#!/bin/sh
@@ -34,7 +33,7 @@ case "$1" in
   *) echo "unexpected: docker $*" >&2; exit 3 ;;
 esac
 """
-HOST = _host_platform()
+HOST = image_base.platform()
 FOREIGN = "linux/arm64" if HOST == "linux/amd64" else "linux/amd64"
 FOREIGN_TARGET = "sm_121" if FOREIGN == "linux/arm64" else "sm_90"
 ARM_ENTRY = ("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\nflags: {flags}\noffset 0\n"
