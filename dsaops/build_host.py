@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+DOCKER_TIMEOUT_S = 60    # a docker probe that has not answered by then counts as no answer
 BUILDX_MIN_CLIENT = 23   # the first docker client that builds with BuildKit only through buildx
 # ELF e_machine of each Linux machine, as it appears in a binfmt_misc magic (bytes 18-19, little-endian).
 _ELF_MACHINE = {"aarch64": "b700", "x86_64": "3e00"}
@@ -32,16 +33,16 @@ _EMULATION_FIX = ("install emulation (`sudo apt-get install qemu-user-static bin
                   "machine instead{native}")
 
 
-def _docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess | None:
+def _docker(*args: str) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(["docker", *args], check=False, capture_output=True, text=True, timeout=DOCKER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return None
 
 
-def _last_line(out: subprocess.CompletedProcess | None, timeout: float = 60) -> str:
+def _last_line(out: subprocess.CompletedProcess | None) -> str:
     if out is None:
-        return f"no answer within {timeout:g} s"
+        return f"no answer within {DOCKER_TIMEOUT_S} s"
     return ((out.stderr or out.stdout).strip().splitlines() or ["no output"])[-1]
 
 
