@@ -162,9 +162,14 @@ def wheel_context(target) -> Path:
     return context
 
 
+def _rootfs_id(rootfs: Path) -> str:
+    """What tells one cached root filesystem from another: its name (the suite and packages) and size."""
+    return f"{rootfs.name} {rootfs.stat().st_size}"
+
+
 def _key(target, context: Path, rootfs: Path) -> str:
     h = hashlib.sha256(DOCKERFILE.read_bytes())
-    h.update(f"{rootfs.name} {rootfs.stat().st_size}\n".encode())
+    h.update(f"{_rootfs_id(rootfs)}\n".encode())
     for name in sorted(p.name for p in (context / "wheels").glob("*.whl")):
         h.update(name.encode() + b"\n")
     h.update(KINDS[target.vendor].encode())
@@ -188,7 +193,7 @@ def ensure(target) -> str:
     have = _docker("image", "inspect", "--format", '{{ index .Config.Labels "dsaops.standin.key" }}', image)
     if have.returncode == 0 and have.stdout.strip() == key:
         return image
-    debian = f"dsaops-standin/debian:{SUITE}-{hashlib.sha256(f'{rootfs.name} {rootfs.stat().st_size}'.encode()).hexdigest()[:12]}"
+    debian = f"dsaops-standin/debian:{SUITE}-{hashlib.sha256(_rootfs_id(rootfs).encode()).hexdigest()[:12]}"
     if _docker("image", "inspect", debian).returncode:
         imported = _docker("import", str(rootfs), debian)
         if imported.returncode:
