@@ -197,7 +197,8 @@ def from_config(raw: dict, *, name: str) -> ModelGeometry:
     _whole(cfg, "index_topk")  # model_config.py is_deepseek_dsa: a DSA model has index_topk
     num_layers = _whole(cfg, "num_hidden_layers", most=LAYERS_MOST)
     linear = _linear_layers(cfg, arch, num_layers)
-    full = tuple(i for i in range(num_layers) if i not in set(linear))
+    linear_set = set(linear)
+    full = tuple(i for i in range(num_layers) if i not in linear_set)
     if not full:
         raise ModelConfigError(f"model config makes all {num_layers} layers linear attention: a DSA model has "
                                "full-attention layers (check linear_attn_config.kda_layers or layer_types)")
