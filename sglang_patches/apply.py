@@ -36,6 +36,7 @@ class State:
     kind: str  # pristine | applied | interrupted | foreign
     detail: str
     marker: dict | None = None
+    files: list[File] | None = None  # read and patched in memory: without a marker, unless foreign
 
 
 def _sha(data: bytes) -> str:
@@ -167,10 +168,10 @@ def state(root: Path, series: Series) -> State:
             return State("foreign", f"no marker, and the files differ from sglang=={pins.SGLANG}: {e}")
         patched = [f.rel for f in found if f.is_patched]
         if not patched:
-            return State("pristine", f"every patch of the series applies ({len(series.patches)} patches)")
+            return State("pristine", f"every patch of the series applies ({len(series.patches)} patches)", files=found)
         return State("interrupted", f"no marker, but {len(patched)} of {len(found)} files carry the series and the "
                                     "rest are as shipped: an apply or revert stopped half way; run `dsaops patches "
-                                    "apply` to finish it or `dsaops patches revert` to undo it")
+                                    "apply` to finish it or `dsaops patches revert` to undo it", files=found)
     if not marker:
         return State("foreign", f"marker {MARKER} is not a JSON object with the series hash and the files: "
                                 "dsaops did not write it", marker)
@@ -205,7 +206,8 @@ def apply(root: Path, series: Series) -> str:
             return f"already applied (series sha256 {series.sha256}); nothing changed"
         if st.marker is not None:
             raise TreeError(f"refusing to apply over a foreign tree: {st.detail}")
-        found = files(root, series)  # a foreign tree without a marker: raises, naming the patch and hunk
+        # a foreign tree without a marker: files() raises, naming the patch and hunk
+        found = st.files if st.files is not None else files(root, series)
         marker = {
             "sglang_version": pins.SGLANG,
             "series_sha256": series.sha256,
@@ -229,7 +231,7 @@ def revert(root: Path, series: Series) -> str:
             return "not applied; nothing to revert"
         if st.kind == "foreign":
             raise TreeError(f"refusing to revert: {st.detail}")
-        restored = [f for f in files(root, series) if f.is_patched]
+        restored = [f for f in (st.files if st.files is not None else files(root, series)) if f.is_patched]
         if st.marker is not None:
             for f in restored:
                 if _sha(f.pristine) != (st.marker["files"].get(f.rel) or {}).get("pristine_sha256"):
