@@ -12,6 +12,7 @@ import pytest
 from dsaops import verify_probes as vp
 from dsaops.cli import main
 from tests.support.json_http import JsonHandler
+from tests.support.ports import free_port
 
 EXPECTED = {prompt: expected for _, prompt, expected in vp.PROMPTS}
 NEEDLE = re.compile(r"The secret passphrase is (\S+)\.")
@@ -164,10 +165,7 @@ def test_an_answer_cut_off_while_thinking_says_so(server, capsys):
 
 
 def test_no_server_is_an_error_not_a_hang(capsys):
-    with socket.socket() as s:       # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code, report, _ = verify(f"http://127.0.0.1:{port}", capsys)
+    code, report, _ = verify(f"http://127.0.0.1:{free_port()}", capsys)   # a port nobody listens on
     assert code == 1 and statuses(report) == {"server": "error"}
 
 
