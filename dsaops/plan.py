@@ -165,11 +165,9 @@ def make_plan(req: PlanRequest) -> Plan:
     the numbers do not add up."""
     plan_input.check(req)
     target = targets.get(req.target)
-    try:
-        model = (model_geometry.load_config_file(req.model_config) if req.model_config
-                 else model_geometry.load_preset(req.model or "glm-5.3-flash"))
-    except model_geometry.ModelConfigError as e:
-        raise UserError(str(e)) from None
+    # a ModelConfigError, here or in the sizing below, is a UserError already
+    model = (model_geometry.load_config_file(req.model_config) if req.model_config
+             else model_geometry.load_preset(req.model or "glm-5.3-flash"))
     par = _parallelism(req)
     hip = target.vendor == "amd"
     try:
@@ -196,7 +194,7 @@ def make_plan(req: PlanRequest) -> Plan:
                                      mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal)
     try:
         slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req)
-    except (kv_budget.NotEnoughMemory, model_geometry.ModelConfigError) as e:
+    except kv_budget.NotEnoughMemory as e:
         raise UserError(str(e)) from None
 
     context = req.context_length or model.context_length
