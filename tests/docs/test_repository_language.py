@@ -1,10 +1,11 @@
 """The repository speaks of the product only: nothing in it counts work periods, names the project's
 own issue numbers or internal script labels, or points outside the repository."""
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+
+from dsaops.image import source_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,9 +24,7 @@ FORBIDDEN = {
 
 
 def tracked_files() -> list[str]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return sorted(name for name in listed.split("\0") if name and (ROOT / name).is_file())
+    return sorted(source_files())
 
 
 def findings(name: str, text: str) -> list[str]:

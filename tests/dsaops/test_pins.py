@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from dsaops import pins
+from dsaops.image import source_files
 
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED = ("*.md", "sglang_patches/*.patch", "benchmarks/*.json", "dsaops/pins.toml")
@@ -60,9 +61,7 @@ def copies(path: str, text: str) -> list[str]:
 
 
 def scanned() -> list[str]:
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    return [f for f in listed if f and (REPO / f).is_file() and not any(Path(f).match(g) for g in SKIPPED)]
+    return [f for f in source_files() if not any(Path(f).match(g) for g in SKIPPED)]
 
 
 def test_no_second_copy_of_a_pin():
