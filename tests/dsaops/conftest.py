@@ -11,19 +11,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from dsaops.sglang_patches.series import load
 
 from dsaops.cli import main
 from tests.dsaops import sglang_bench
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
-from tests.support.sglang_wheel import pristine_copy
+from tests.support.sglang_wheel import sparse_copy
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def patched_root(tmp_path_factory):
-    root = pristine_copy(tmp_path_factory.mktemp("patched-sglang"))
+    """The files the series touches, patched (the tests here read no other SGLang file from it)."""
+    root = sparse_copy(tmp_path_factory.mktemp("patched-sglang"), load())
     assert main(["patches", "apply", "--sglang-root", str(root)]) == 0
     return root
 

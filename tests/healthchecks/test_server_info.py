@@ -150,7 +150,7 @@ def patched_tree(tmp_path_factory):
     from dsaops.sglang_patches import apply as tree
     from dsaops.sglang_patches.series import load
 
-    from tests.sglang_patches.conftest import sparse_copy
+    from tests.support.sglang_wheel import sparse_copy
 
     series = load()
     root = sparse_copy(tmp_path_factory.mktemp("patched"), series)

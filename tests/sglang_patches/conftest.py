@@ -2,16 +2,15 @@
 
 A full copy of the unpacked wheel (5,800 files, 132 MB) takes ~8 s on a CI disk, so only
 the test that proves the tool touches nothing else copies it all; the others work on a
-sparse copy: the dist-info, the version files and every file the series touches.
+sparse copy (tests.support.sglang_wheel.sparse_copy).
 """
 import hashlib
-import shutil
 
 import pytest
 from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches.series import load
 
-from tests.support.sglang_wheel import sglang_source
+from tests.support.sglang_wheel import sglang_source, sparse_copy
 
 
 @pytest.fixture(scope="session")
@@ -23,16 +22,6 @@ def tree_hash(root):
     """sha256 of every file under root (dot files too), by relative path: any change anywhere shows."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def sparse_copy(dest, series):
-    src = sglang_source()
-    for info in src.glob("sglang-*.dist-info"):
-        shutil.copytree(info, dest / info.name)
-    for rel in ["sglang/__init__.py", "sglang/_version.py", "sglang/version.py", *series.targets]:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / rel, dest / rel)
-    return dest
 
 
 @pytest.fixture

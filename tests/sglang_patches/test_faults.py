@@ -22,9 +22,9 @@ from dsaops.sglang_patches import apply as tree
 from dsaops.sglang_patches import atomic_files
 
 from dsaops import cli
-from tests.sglang_patches.conftest import sparse_copy, tree_hash
+from tests.sglang_patches.conftest import tree_hash
 from tests.support.prerequisites import need
-from tests.support.sglang_wheel import pristine_copy
+from tests.support.sglang_wheel import pristine_copy, sparse_copy
 
 LAST = "sglang/srt/observability/metrics_collector.py"   # the series' last target: the others come first
 MANAGERS = "sglang/srt/managers"                          # holds scheduler.py, a later target

@@ -2,7 +2,7 @@
 
 Cached under $DSAOPS_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/dsaops): a fresh machine
 fills it, a later run reuses it. The unpacked tree is read-only by convention: a test that
-changes files copies it first (`pristine_copy`).
+changes files copies it first (`pristine_copy`, or `sparse_copy` for the patched files alone).
 """
 import contextlib
 import fcntl
@@ -78,4 +78,16 @@ def pristine_copy(dest: Path) -> Path:
     for entry in src.iterdir():
         if entry.name.startswith("sglang"):
             shutil.copytree(entry, dest / entry.name)
+    return dest
+
+
+def sparse_copy(dest: Path, series) -> Path:
+    """A writable copy of just what the patch tool reads under `dest`: the dist-info, the version
+    files and every file `series` (a dsaops.sglang_patches.series.Series) touches."""
+    src = sglang_source()
+    for info in src.glob("sglang-*.dist-info"):
+        shutil.copytree(info, dest / info.name)
+    for rel in ["sglang/__init__.py", "sglang/_version.py", "sglang/version.py", *series.targets]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, dest / rel)
     return dest
