@@ -40,6 +40,7 @@ if (_CHECKOUT / "dsaops" / "__init__.py").is_file() and str(_CHECKOUT) not in sy
 
 # importable only once the checkout is on the path
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
 from dsaops import fence, inventory_checks, sglang_ports, targets
@@ -57,6 +58,11 @@ def _float(value):
     return None if value is None else float(value)
 
 
+def _bool(value):
+    """As Jinja's `| bool` reads it: `-e name=false` arrives as the string 'false', which bool() calls true."""
+    return boolean(value, strict=False)
+
+
 def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metrics, target, plan=None, extra_args=(),
                 model_path=None, served_model_name=None, config_file=None):
     chunk = plan["prefill_chunk_tokens"] if plan else targets.get(str(target)).chunked_prefill_size or None
@@ -66,7 +72,7 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
         dsa_prefill_backend=str(cluster["dsa_prefill_backend"]), dsa_decode_backend=str(cluster["dsa_decode_backend"]),
         mem_fraction_static=_float(cluster["mem_fraction_static"]),
         max_running_requests=_int(cluster["max_running_requests"]), chunked_prefill_size=_int(chunk),
-        served_model_name=str(served_model_name) if served_model_name else None, enable_metrics=bool(enable_metrics),
+        served_model_name=str(served_model_name) if served_model_name else None, enable_metrics=_bool(enable_metrics),
         nccl_port=int(cluster["dist_init_port"]) if int(nnodes) == 1 else None)
     node = NodeSpec(model_path=str(model_path or cluster["model_path"]), host=str(host), port=int(cluster["server_port"]),
                     node_rank=int(node_rank), dist_init_addr=str(dist_init_addr),
@@ -93,7 +99,7 @@ def image(target, *, registry=""):
 
 
 def exporter_containers(settings):
-    fields = {**settings, "server_port": int(settings["server_port"]), "kmsg": bool(settings["kmsg"]),
+    fields = {**settings, "server_port": int(settings["server_port"]), "kmsg": _bool(settings["kmsg"]),
               "plan": settings.get("plan") or None, "docker_gid": int(settings.get("docker_gid", 0))}
     return deploy.containers(deploy.ExporterDeployment(**fields))
 

@@ -1,0 +1,23 @@
+"""The playbooks' Jinja filters (playbooks/roles/dsaops/filter_plugins/dsaops_library.py), called as Ansible calls them."""
+import importlib.util
+
+import pytest
+
+from tests.playbooks.ansible_sandbox import PLAYBOOKS
+
+_SPEC = importlib.util.spec_from_file_location("dsaops_library", PLAYBOOKS / "roles/dsaops/filter_plugins/dsaops_library.py")
+library = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(library)
+
+EXPORTER = {"image": "dsaops/sglang:x", "node": "n1", "server_container": "dsaops-sglang", "server_port": 30000,
+            "listen": "0.0.0.0:9860", "log_file": "/var/log/dsaops/sglang.log", "state_dir": "/var/lib/dsaops/exporter",
+            "run_dir": "/run/dsaops", "api_key_file": "/etc/dsaops/exporter/api-key", "docker_gid": 999, "plan": ""}
+
+
+@pytest.mark.parametrize("kmsg, reads_kmsg", [(True, True), ("true", True), ("yes", True),
+                                              (False, False), ("false", False), ("no", False)])
+def test_a_switch_given_as_a_string_reads_as_ansible_reads_it(kmsg, reads_kmsg):
+    """`-e monitoring_exporter_kmsg=false` reaches the filter as the string 'false': it turns /dev/kmsg off, as
+    `| bool` does for the exporter's uid beside it."""
+    args = [arg for container in library.exporter_containers({**EXPORTER, "kmsg": kmsg}) for arg in container["args"]]
+    assert ("/dev/kmsg:/dev/kmsg:r" in args) is reads_kmsg
