@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -37,7 +37,9 @@ class Target:
     dsaops_decode: str      # "default", "selftest" or "never" (dsaops.kernels.route reads it)
     decode_evidence: str    # the measurement behind dsaops_decode, said in the server's log
     chunked_prefill_size: int       # most tokens a prefill chunk takes; 0: SGLang's own choice
-    server_env: dict[str, str]      # environment the server container gets on this target
+    # environment the server container gets on this target; out of the hash (a dict has none), which
+    # the decode's kernel caches key on
+    server_env: dict[str, str] = field(hash=False)
     image_uid: int                  # the serving image's user: 0 (root) or dsaops' own
 
     def has(self, feature: str) -> bool:

@@ -19,6 +19,13 @@ def test_table_has_the_three_targets_with_their_budgets():
     assert (t["sm_90"].warp_lanes, t["sm_121"].warp_lanes, t["gfx942"].warp_lanes) == (32, 32, 64)
 
 
+def test_every_target_can_key_a_cache():
+    """The decode caches its compiled kernels and call plans by target (functools.cache): a target
+    that cannot be hashed fails the server's first decode, on the GPU only."""
+    for t in targets.table().values():
+        assert {t: t.name}[t] == t.name
+
+
 def test_compute_capability_maps_back_to_a_target():
     assert targets.by_compute_capability("12.1").name == "sm_121"
     assert targets.by_compute_capability("9.0 ").name == "sm_90"
