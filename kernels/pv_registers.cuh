@@ -90,6 +90,40 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
+// Each head's q scale (decode_parts.pow2_scale: the power of two that puts its largest |q| in
+// [128, 256); 1 under 2^-119 and for a padded head, h >= heads_valid) into scale[HEADS]. q: the
+// block's first head, WIDTH bf16 columns a head. A warp a head: 16-byte loads, five shuffles and
+// no barrier, where TileLang's reduction over a fragment whose heads span two warps ran a barrier
+// pair a head. The caller's barrier publishes scale.
+template <int HEADS, int WIDTH>
+__device__ __forceinline__ void head_scales(const void* q, int heads_valid, float* scale) {
+  static_assert(WIDTH % 8 == 0, "a head is read in 16-byte chunks");
+  const uint4* rows = reinterpret_cast<const uint4*>(q);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int h = warp; h < HEADS; h += warps) {
+    float amax = 0.f;
+    if (h < heads_valid) {
+#pragma unroll
+      for (int c = lane; c < WIDTH / 8; c += 32) {
+        const uint4 v = rows[h * (WIDTH / 8) + c];
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(__habs2(pairs[i]));
+          amax = fmaxf(amax, fmaxf(f.x, f.y));
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (lane == 0) {
+      const int e = __float_as_int(amax) >> 23;  // the biased exponent (amax >= 0)
+      scale[h] = e >= 8 ? __int_as_float((261 - e) << 23) : 1.f;
+    }
+  }
+}
+
 // 2^x, the hardware approximation alone (decode_regs.exp2_approx); 0 for x = -inf (masked rows).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
