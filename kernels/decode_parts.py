@@ -57,8 +57,9 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
                              cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (s_i, hb, sp):
             if pdl:
                 overlap_launches()
-            block(q, kv, kv_scale, indices, sm_scale, split_rows, 2 if pairs else split_heads // H, out, lse, H,
-                  s_i, hb, sp)
+            # once: inlined, the division ran at every row id's address (a 64-bit division call)
+            n_split = T.alloc_var(T.int32, init=2 if pairs else split_heads // H)
+            block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp)
 
     return decode
 
@@ -208,10 +209,10 @@ def load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp):
     tiles, rows = masked.shape[0], ids.shape[0] // masked.shape[0]
     topk = indices.shape[2]
     for j, r in T.Parallel(tiles, rows):
-        ids[j * rows + r] = T.if_then_else(
-            j * rows + r < split_rows,
-            T.if_then_else((sp + n_split * j) * rows + r < topk, indices[s_i, 0, (sp + n_split * j) * rows + r], -1),
-            -1)
+        # clamped, so every load is issued unconditionally, all before the first is waited for
+        pos = (sp + n_split * j) * rows + r
+        row = indices[s_i, 0, T.min(pos, topk - 1)]
+        ids[j * rows + r] = T.if_then_else(j * rows + r < split_rows and pos < topk, row, -1)
     for j in T.Parallel(tiles):
         masked[j] = 0
         live[j] = 0
