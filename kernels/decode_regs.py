@@ -105,7 +105,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
         T.import_source(pv_source)
-        operands = alloc_operands(HB, BI, D, Dt, fp8_dtype, warp_scales=True, stacked=narrow)
+        operands = alloc_operands(HB, BI, D, Dt, fp8_dtype)
         q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s = operands[:6]
         # P by hand: its two e4m3 halves, each one 128-byte swizzle atom wide, the product's B operand,
         # read by hand in the layout its descriptor names
@@ -115,7 +115,6 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         ids, masked = row_ids[:2]
 
         acc_s = T.alloc_fragment(score_shape, acc)
-        acc_both = T.alloc_fragment([BI, 2 * HB], acc) if narrow else None  # both halves' scores (scores)
         acc_o = T.alloc_local([HB * D // tile.threads], acc)  # O^T in the layout pv_registers.cuh gives it
         m = T.alloc_fragment([HB], acc)
         m_tile = T.alloc_fragment([HB], acc)
@@ -141,7 +140,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         for t in T.Pipelined(live_tiles, num_stages=tile.stages):
             base = t * BI
             gather(kv, ids, base, k_s, kt_s)
-            scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, narrow, True, acc_both)
+            scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, narrow, True)
             if masked[t] != 0:
                 mask_scores(acc_s, ids, base, narrow)
             if narrow:
