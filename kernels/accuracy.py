@@ -162,3 +162,22 @@ def reference_errors(q, kv, indices, sm_scale=SM_SCALE, names=REFERENCES) -> dic
     """{name: error against truth} of the references in `names` (REFERENCES)."""
     outs = reference_outputs(q, kv, indices, sm_scale, ("truth", *names))
     return {name: rel_err(outs[name], outs["truth"]) for name in names}
+
+
+def decode_errors(q, kv, indices, sm_scale, out, *, references=(), others=None, digits=None) -> dict:
+    """A decode's errors: `out` [S, H, 512] is a kernel's output for bf16 q over the bf16 pool `kv`
+    cast to raw e4m3, at `indices`. Relative errors, in this order:
+    - err_vs_bf16: out against "truth" (fp32 attention over the bf16 KV with bf16 q);
+    - raw_kv_floor: fp32 attention over the raw fp8 KV with bf16 q, against truth;
+    - each reference named in `references` (REFERENCES) against truth;
+    - each output in `others` ({key: output or None}: a peer's, a kernel fed other inputs) against
+      truth, None where the output is None;
+    - rel_err: out against the raw_kv_floor output (the kernel-only error).
+    Rounded to `digits` decimals where given."""
+    extra = tuple(name for name in references if name != "raw_kv_floor")
+    refs = reference_outputs(q, kv, indices, sm_scale, ("truth", "raw_kv_floor", *extra))
+    outs = {"err_vs_bf16": out, "raw_kv_floor": refs["raw_kv_floor"], **{name: refs[name] for name in extra},
+            **(others or {})}
+    errs = {key: None if o is None else rel_err(o, refs["truth"]) for key, o in outs.items()}
+    errs["rel_err"] = rel_err(out, refs["raw_kv_floor"])
+    return errs if digits is None else {key: None if e is None else round(e, digits) for key, e in errs.items()}

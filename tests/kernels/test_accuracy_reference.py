@@ -155,3 +155,27 @@ def test_gathered_rows_give_the_pool_references():
     fp8 = kv.to(accuracy.FP8)
     torch.testing.assert_close(outs["raw_kv_floor"], reference.sparse_mla_decode(q, fp8, idx, 0.1))
     assert accuracy.rel_err(outs["raw_kv_floor"], want) > 0.01  # the comparison sees fp8's rounding
+
+
+def test_decode_errors_give_each_output_its_reference():
+    """The trio a decode is reported by: out = the raw-KV reference itself is the floor and no
+    kernel-only error; out = the q-rounded reference is q_rounded_err against bf16 and its own
+    distance from the floor. Negative control: rows read one slot off is far from both."""
+    q, kv, idx = accuracy.make_case("outliers", 2, 16, 4096, topk=256, seed=5)
+    refs = accuracy.reference_outputs(q, kv, idx, accuracy.SM_SCALE)
+    floor = accuracy.rel_err(refs["raw_kv_floor"], refs["truth"])
+    exact = accuracy.decode_errors(q, kv, idx, accuracy.SM_SCALE, refs["raw_kv_floor"])
+    assert list(exact) == ["err_vs_bf16", "raw_kv_floor", "rel_err"]
+    assert exact == {"err_vs_bf16": floor, "raw_kv_floor": floor, "rel_err": 0.0} and floor > 0.005
+
+    rounded = accuracy.decode_errors(q, kv, idx, accuracy.SM_SCALE, refs["q_rounded_err"],
+                                     references=accuracy.REFERENCES,
+                                     others={"peer": refs["truth"], "missing": None}, digits=5)
+    assert list(rounded) == ["err_vs_bf16", *accuracy.REFERENCES, "peer", "missing", "rel_err"]
+    assert rounded["err_vs_bf16"] == rounded["q_rounded_err"] > rounded["raw_kv_floor"] == round(floor, 5)
+    assert rounded["rel_err"] == round(accuracy.rel_err(refs["q_rounded_err"], refs["raw_kv_floor"]), 5) > 0
+    assert rounded["peer"] == 0.0 and rounded["missing"] is None
+
+    off = reference.sparse_mla_decode(q, kv.to(accuracy.FP8), (idx + 1) % kv.shape[0], accuracy.SM_SCALE)
+    wrong = accuracy.decode_errors(q, kv, idx, accuracy.SM_SCALE, off)
+    assert wrong["rel_err"] > 0.5 and wrong["err_vs_bf16"] > 0.5 and wrong["raw_kv_floor"] == floor
