@@ -424,13 +424,8 @@ def run_cases(run, result):
             for peer in ("flashmla", "sglang_fp8", "sglang_bf16"):
                 row[f"speedup_vs_{peer}"] = _ratio(row.get(f"{peer}_us"), row["dsaops_fp8_us"])
             row["eager_host_us"], row["eager_host_us_median"] = run.timer.host(ours[0])
-            refs = accuracy.reference_outputs(q0, pool["bf16"], idx0, SM_SCALE, ("truth", "raw_kv_floor"))
-            out = run.dsaops(q0, pool["fp8"], idx0)
-            row["err_vs_bf16"] = round(accuracy.rel_err(out, refs["truth"]), 5)
-            row["raw_kv_floor"] = round(accuracy.rel_err(refs["raw_kv_floor"], refs["truth"]), 5)
-            row["flashmla_err_vs_bf16"] = (None if flashmla_out is None
-                                           else round(accuracy.rel_err(flashmla_out, refs["truth"]), 5))
-            row["rel_err"] = round(accuracy.rel_err(out, refs["raw_kv_floor"]), 5)
+            row |= accuracy.decode_errors(q0, pool["bf16"], idx0, SM_SCALE, run.dsaops(q0, pool["fp8"], idx0),
+                                          others={"flashmla_err_vs_bf16": flashmla_out}, digits=5)
             cases.append(row)
             print(json.dumps(row), flush=True)
             for t in extra:
@@ -459,21 +454,15 @@ def run_accuracy(run, result):
         for H in run.args.accuracy_heads:
             q, kv, idx = accuracy.make_case(kind, S, H, slots, TOPK, seed=seed, device=run.device)
             fp8 = kv.to(accuracy.FP8)
-            refs = accuracy.reference_outputs(q, kv, idx, SM_SCALE)
-            want = refs["truth"]
-            out = run.dsaops(q, fp8, idx)
-            row = {"data": kind, "H": H, "S": S, "err_vs_bf16": accuracy.rel_err(out, want)}
-            for name in accuracy.REFERENCES:
-                row[name] = accuracy.rel_err(refs[name], want)
-            row["kernel_q_rounded_err"] = accuracy.rel_err(run.dsaops(accuracy.round_q(q), fp8, idx), want)
-            row["rel_err"] = accuracy.rel_err(out, refs["raw_kv_floor"])
-            row["flashmla_err_vs_bf16"] = None
+            row = {"data": kind, "H": H, "S": S}
+            fm_out = None
             if run.flashmla_cls:
                 fm = run.flashmla_cls(S, H, TOPK, run.device)
                 pages = accuracy.flashmla_pages(accuracy.quantize_v32_no_rope(kv))
                 fm_out = _attempt(row, "flashmla_err_vs_bf16", fm, fm.pad(q), pages, idx, SM_SCALE)
-                row["flashmla_err_vs_bf16"] = None if fm_out is None else accuracy.rel_err(fm_out, want)
-            row = {k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}
+            row |= accuracy.decode_errors(q, kv, idx, SM_SCALE, run.dsaops(q, fp8, idx), references=accuracy.REFERENCES,
+                                          others={"kernel_q_rounded_err": run.dsaops(accuracy.round_q(q), fp8, idx),
+                                                  "flashmla_err_vs_bf16": fm_out}, digits=5)
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -492,14 +481,13 @@ def run_short(run, result):
             us = run.timer.rotated([functools.partial(run.dsaops, q, pool, idx) for q, idx in sets])
             full = us if valid == TOPK else full
             q0, idx0 = sets[0]
-            want = accuracy.reference_outputs(q0, run.pool["bf16"], idx0, SM_SCALE, ("raw_kv_floor",))["raw_kv_floor"]
+            errors = functools.partial(accuracy.decode_errors, q0, run.pool["bf16"], idx0, SM_SCALE, digits=5)
             row = {"H": H, "S": S, "valid": valid, "dsaops_us": us, "full_us": full,
-                   "pct_of_full": round(100 * us / full, 1),
-                   "rel_err": round(accuracy.rel_err(run.dsaops(q0, pool, idx0), want), 5)}
+                   "pct_of_full": round(100 * us / full, 1), "rel_err": errors(run.dsaops(q0, pool, idx0))["rel_err"]}
             length = torch.full((S,), valid, dtype=torch.int32, device=run.device)
             row["topk_length_us"] = run.timer.rotated(
                 [functools.partial(run.dsaops, q, pool, idx, length) for q, idx in sets])
-            row["topk_length_rel_err"] = round(accuracy.rel_err(run.dsaops(q0, pool, idx0, length), want), 5)
+            row["topk_length_rel_err"] = errors(run.dsaops(q0, pool, idx0, length))["rel_err"]
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -567,10 +555,9 @@ def run_proxy(run, result):
                 row["sglang_fp8_us"] = _attempt(row, "sglang_fp8_us", run.timer.rotated, _sglang_calls(run, pool, sets))
             row["speedup_vs_sglang_fp8"] = _ratio(row["sglang_fp8_us"], row["proxy_us"])
             row["gb10_floor_us"] = round(S * TOPK * D_V / GB10_BYTES_S * 1e6, 2)
-            refs = accuracy.reference_outputs(q0, run.pool["bf16"], idx0, SM_SCALE, ("truth", "raw_kv_floor"))
-            out = run.proxy(q0, pool, idx0, SM_SCALE)
-            row["rel_err"] = round(accuracy.rel_err(out, refs["raw_kv_floor"]), 5)
-            row["err_vs_bf16"] = round(accuracy.rel_err(out, refs["truth"]), 5)
+            errs = accuracy.decode_errors(q0, run.pool["bf16"], idx0, SM_SCALE, run.proxy(q0, pool, idx0, SM_SCALE),
+                                          digits=5)
+            row |= {"rel_err": errs["rel_err"], "err_vs_bf16": errs["err_vs_bf16"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
 
