@@ -114,15 +114,13 @@ def measure(heads: int, batch_sizes, decode, sglang, time_us, *, d_tail: int = 0
     for S in batch_sizes:
         sets = input_sets(S, heads, slots, width, rotate_bytes or timing.ROTATE_BYTES, g, device)
         q0, idx0 = sets[0]
-        refs = accuracy.reference_outputs(q0, kv, idx0, accuracy.SM_SCALE, ("truth", "raw_kv_floor"))
-        out = decode(q0, fp8, idx0, accuracy.SM_SCALE)
+        errs = accuracy.decode_errors(q0, kv, idx0, accuracy.SM_SCALE, decode(q0, fp8, idx0, accuracy.SM_SCALE),
+                                      digits=5)
         row = Row(S,
                   dsaops_us=round(time_us([functools.partial(decode, q, fp8, i, accuracy.SM_SCALE) for q, i in sets]), 2),
                   sglang_us=round(time_us([functools.partial(sglang, q, fp8, i, accuracy.SM_SCALE, d_v=D_V)
                                            for q, i in sets]), 2),
-                  kernel_err=round(accuracy.rel_err(out, refs["raw_kv_floor"]), 5),
-                  err_vs_bf16=round(accuracy.rel_err(out, refs["truth"]), 5),
-                  raw_kv_floor=round(accuracy.rel_err(refs["raw_kv_floor"], refs["truth"]), 5))
+                  kernel_err=errs["rel_err"], err_vs_bf16=errs["err_vs_bf16"], raw_kv_floor=errs["raw_kv_floor"])
         log(format_row(row))
         rows.append(row)
     return rows
