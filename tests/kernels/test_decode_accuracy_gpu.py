@@ -24,10 +24,11 @@ SLOTS = 1 << 16
 BOUND = 1.1
 
 
-def _case(kind, S, H, seed):
+def _errors(kind, S, H, seed, feed=lambda q: q, references=()):
+    """accuracy.decode_errors of the kernel fed feed(q) over one case's raw fp8 KV."""
     q, kv, idx = accuracy.make_case(kind, S, H, SLOTS, seed=seed, device="cuda")
-    refs = accuracy.reference_outputs(q, kv, idx, accuracy.SM_SCALE, ("truth", "raw_kv_floor", "q_rounded_err"))
-    return q, kv, idx, refs
+    out = sparse_mla_decode_fp8(feed(q), kv.to(accuracy.FP8), idx, accuracy.SM_SCALE)
+    return accuracy.decode_errors(q, kv, idx, accuracy.SM_SCALE, out, references=references)
 
 
 # (16, 64): the 64-head tiles, a split or two a query; (64, 16): the 16-head tiles as two-split
@@ -35,23 +36,16 @@ def _case(kind, S, H, seed):
 @pytest.mark.parametrize(("S", "H"), [(16, 64), (64, 16), (1, 128)])
 @pytest.mark.parametrize("kind", accuracy.DATA_KINDS)
 def test_error_against_bf16_kv_is_within_the_raw_kv_floors_bound(kind, S, H):
-    q, kv, idx, refs = _case(kind, S, H, seed=S + H)
-    want = refs["truth"]
-    floor = accuracy.rel_err(refs["raw_kv_floor"], want)
-    out = sparse_mla_decode_fp8(q, kv.to(accuracy.FP8), idx, accuracy.SM_SCALE)
-    err = accuracy.rel_err(out, want)
-    assert err <= BOUND * floor, (kind, err, floor)
-    assert accuracy.rel_err(out, refs["raw_kv_floor"]) <= 0.01  # and the kernel-only error stays in its budget
+    errs = _errors(kind, S, H, seed=S + H)
+    assert errs["err_vs_bf16"] <= BOUND * errs["raw_kv_floor"], (kind, errs)
+    assert errs["rel_err"] <= 0.01  # and the kernel-only error stays in its budget
 
 
 @pytest.mark.parametrize("kind", accuracy.DATA_KINDS)
 def test_q_rounded_to_e4m3_fails_the_same_bound(kind):
-    q, kv, idx, refs = _case(kind, 16, 64, seed=7)
-    want = refs["truth"]
-    floor = accuracy.rel_err(refs["raw_kv_floor"], want)
-    assert accuracy.rel_err(refs["q_rounded_err"], want) > BOUND * floor
-    rounded = sparse_mla_decode_fp8(accuracy.round_q(q), kv.to(accuracy.FP8), idx, accuracy.SM_SCALE)
-    assert accuracy.rel_err(rounded, want) > BOUND * floor
+    errs = _errors(kind, 16, 64, seed=7, feed=accuracy.round_q, references=("q_rounded_err",))
+    assert errs["q_rounded_err"] > BOUND * errs["raw_kv_floor"], (kind, errs)
+    assert errs["err_vs_bf16"] > BOUND * errs["raw_kv_floor"], (kind, errs)  # the kernel fed the rounded q
 
 
 @pytest.mark.parametrize("H", [16, 128])  # padded to 64 heads; FlashMLA's 128-head kernel
