@@ -127,6 +127,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "oom_score": (lambda v: isinstance(v, int) and not isinstance(v, bool) and -1000 <= v <= 1000
                   or isinstance(v, str) and re.fullmatch(r"-?[0-9]{1,4}", v) is not None and -1000 <= int(v) <= 1000,
                   "a whole number from -1000 to 1000"),
+    "exporter_mode": (lambda v: v in ("container", "inside"),
+                      "container (its own container) or inside (the server container's entrypoint runs it)"),
     "sysctls": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and re.fullmatch(r"vm\.[a-z_]+", k)
                                                       and _int(x) is not None for k, x in v.items()),
                 "a mapping of vm.* keys to whole numbers"),
@@ -143,9 +145,9 @@ VARIABLES: dict[str, str] = {
     "dsaops_weights_gib": "gib", "dsaops_max_running_requests": "positive", "dsaops_mem_fraction_static": "fraction",
     "dsaops_cluster_interface": "interface", "dsaops_cluster_address": "ipv4", "dsaops_ib_hca": "interfaces",
     "dsaops_server_container": "name", "dsaops_log_dir": "path", "dsaops_server_port": "port",
-    "dsaops_dist_init_port": "port", "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "ip",
-    "dsaops_monitoring_allow": "cidrs", "dsaops_root": "root", "dsaops_api_key": "secret",
-    "dsaops_admin_api_key": "secret",
+    "dsaops_dist_init_port": "port", "dsaops_exporter_mode": "exporter_mode", "dsaops_exporter_port": "port",
+    "dsaops_exporter_listen_host": "ip", "dsaops_monitoring_allow": "cidrs", "dsaops_root": "root",
+    "dsaops_api_key": "secret", "dsaops_admin_api_key": "secret",
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
     "sglang_server_listen_host": "ip", "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",

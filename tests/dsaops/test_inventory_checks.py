@@ -42,6 +42,7 @@ def test_a_newline_is_refused_everywhere(name):
     ("sglang_server_extra_args", ["--trust-remote-code"], ["--api-key", "k"]),
     ("sglang_server_extra_env", {"A_B": "x y"}, {"A-B": "x"}), ("host_memory_sshd_oom_score_adj", -900, "-900x"),
     ("dsaops_api_key", "", "short"), ("dsaops_api_key", "a" * 16, "a" * 15 + " "),
+    ("dsaops_exporter_mode", "inside", "contianer"),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -52,3 +53,10 @@ def test_a_refused_secret_is_named_but_never_shown():
     [line] = refusals({"sglang_server_hf_token": "hf_secret\nEVIL=1"})
     assert line.startswith("sglang_server_hf_token (not shown) is refused") and "hf_secret" not in line
     assert refusals({"unknown_variable": "\n", "dsaops_mem_fraction_static": None}) == []
+
+
+def test_a_mistyped_exporter_mode_names_the_allowed_values():
+    """A typo used to turn the exporter off silently (neither mode's tasks run)."""
+    line = refusal("dsaops_exporter_mode", "contianer")
+    assert line.startswith("dsaops_exporter_mode='contianer' is refused: it must be container (")
+    assert "or inside (" in line and "\n" not in line
