@@ -1,5 +1,6 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
+import json
 import os
 import re
 import shlex
@@ -370,3 +371,31 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
     assert not any(a.startswith("GF_SECURITY_ADMIN_PASSWORD=") for a in grafana)
     assert defaults["monitoring_grafana_admin_password"] == "" and "password" in defaults[
         "monitoring_grafana_admin_password_value"]
+
+
+def render_exporter(tmp_path, **extra) -> str:
+    """The monitoring role on this machine in check mode (nothing written, nothing started): the exporter's
+    start script as it would render, from --diff."""
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {"children": {
+        "dsaops_head": {"hosts": {"here": {"ansible_connection": "local",
+                                           "ansible_python_interpreter": sys.executable}}}}}}}}))
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "dsaops_cluster", "gather_facts": False,
+                                                         "roles": ["monitoring"]}]))
+    settings = {"dsaops_root": str(tmp_path / "root"), "dsaops_target": "sm_90", "dsaops_api_key": "k" * 20,
+                "preflight_plan": {}, "monitoring_exporter_start": False, "monitoring_probe_exporter": False, **extra}
+    result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
+                  "--check", "--diff", "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles")})
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert not (tmp_path / "root").exists()
+    script = result.stdout.split("TASK [monitoring : Render the exporter's start script]", 1)[1].split("TASK [", 1)[0]
+    return "\n".join(line[1:] for line in script.splitlines() if line.startswith("+") and not line.startswith("+++"))
+
+
+def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
+    """One folder for the plan: moved with dsaops_config_dir, the exporter's mount follows the server's."""
+    server = print_commands("h20-8gpu", "-e", "dsaops_config_dir=/srv/dsaops-conf")
+    assert server.returncode == 0, server.stderr[-3000:]
+    assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in server.stdout
+    exporter = render_exporter(tmp_path, dsaops_config_dir="/srv/dsaops-conf")
+    assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in exporter
+    assert "--plan /srv/dsaops-conf/plan.json" in exporter and "/etc/dsaops/plan.json" not in exporter
