@@ -53,6 +53,11 @@ class ExporterDeployment:
         return 0 if self.kmsg else NOBODY
 
 
+def users(d: ExporterDeployment) -> dict[str, int]:
+    """The containers' uids (and gids): the host folders and files each one writes or reads are given to it."""
+    return {"exporter": d.exporter_uid, "proxy": NOBODY}
+
+
 def _detached(name: str) -> list[str]:
     return ["--detach", "--name", name, "--restart", "unless-stopped", "--read-only",
             "--security-opt", "no-new-privileges", "--cap-drop", "ALL"]

@@ -17,7 +17,13 @@ EXPORTER = {"image": "dsaops/sglang:x", "node": "n1", "server_container": "dsaop
 @pytest.mark.parametrize("kmsg, reads_kmsg", [(True, True), ("true", True), ("yes", True),
                                               (False, False), ("false", False), ("no", False)])
 def test_a_switch_given_as_a_string_reads_as_ansible_reads_it(kmsg, reads_kmsg):
-    """`-e monitoring_exporter_kmsg=false` reaches the filter as the string 'false': it turns /dev/kmsg off, as
-    `| bool` does for the exporter's uid beside it."""
-    args = [arg for container in library.exporter_containers({**EXPORTER, "kmsg": kmsg}) for arg in container["args"]]
-    assert ("/dev/kmsg:/dev/kmsg:r" in args) is reads_kmsg
+    """`-e monitoring_exporter_kmsg=false` reaches the filter as the string 'false': it turns /dev/kmsg off, and
+    with it the exporter's uid 0."""
+    settings = {**EXPORTER, "kmsg": kmsg}
+    proxy, exporter = (container["args"] for container in library.exporter_containers(settings))
+    assert ("/dev/kmsg:/dev/kmsg:r" in exporter) is reads_kmsg
+    # the users the role gives the exporter's and the proxy's folders are the ones they run as
+    users = library.exporter_users(settings)
+    assert users["exporter"] == (0 if reads_kmsg else 65534)
+    for args, uid in ((exporter, users["exporter"]), (proxy, users["proxy"])):
+        assert args[args.index("--user") + 1] == f"{uid}:{uid}"

@@ -14,6 +14,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
   settings | dsaops_exporter_containers
       [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
+  settings | dsaops_exporter_users
+      {exporter, proxy}: the uid each of those containers runs as (dsaops.healthchecks.deploy)
   rule_files | dsaops_exporter_job
       the scrape job name the packaged alert rules select (dsaops.healthchecks.scrape)
   prefix | dsaops_checked_names
@@ -98,10 +100,18 @@ def image(target, *, registry=""):
     return image_name(str(target), registry=str(registry or ""))
 
 
+def _exporter(settings):
+    return deploy.ExporterDeployment(**{**settings, "server_port": int(settings["server_port"]),
+                                        "kmsg": _bool(settings["kmsg"]), "plan": settings.get("plan") or None,
+                                        "docker_gid": int(settings.get("docker_gid", 0))})
+
+
 def exporter_containers(settings):
-    fields = {**settings, "server_port": int(settings["server_port"]), "kmsg": _bool(settings["kmsg"]),
-              "plan": settings.get("plan") or None, "docker_gid": int(settings.get("docker_gid", 0))}
-    return deploy.containers(deploy.ExporterDeployment(**fields))
+    return deploy.containers(_exporter(settings))
+
+
+def exporter_users(settings):
+    return deploy.users(_exporter(settings))
 
 
 def exporter_job(rule_files):
@@ -142,7 +152,8 @@ def monitoring_sources(hosts, hostvars, allow=()):
 class FilterModule:
     def filters(self):
         return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image,
-                "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_job": exporter_job,
+                "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
+                "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
                 "dsaops_monitoring_sources": monitoring_sources}
