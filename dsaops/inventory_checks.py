@@ -144,7 +144,7 @@ VARIABLES: dict[str, str] = {
     "dsaops_dsa_prefill_backend": "name", "dsaops_dsa_decode_backend": "name", "dsaops_gpu_memory_gib": "gib",
     "dsaops_weights_gib": "gib", "dsaops_max_running_requests": "positive", "dsaops_mem_fraction_static": "fraction",
     "dsaops_cluster_interface": "interface", "dsaops_cluster_address": "ipv4", "dsaops_ib_hca": "interfaces",
-    "dsaops_server_container": "name", "dsaops_log_dir": "path", "dsaops_config_dir": "path",
+    "dsaops_server_container": "name", "dsaops_exporter_container": "name", "dsaops_log_dir": "path", "dsaops_config_dir": "path",
     "dsaops_server_port": "port", "dsaops_dist_init_port": "port", "dsaops_exporter_mode": "exporter_mode",
     "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "ip", "dsaops_monitoring_allow": "cidrs",
     "dsaops_root": "root", "dsaops_api_key": "secret", "dsaops_admin_api_key": "secret",

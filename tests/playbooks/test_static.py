@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -246,16 +247,21 @@ def test_ansible_playbook_stops_on_a_missing_inventory(tmp_path, playbook):
     assert recap(result.stdout) == {"localhost": {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1}}
 
 
-def _detect(tmp_path, target: str, smi_output: str):
-    """preflight on this machine (local connection) with a fake nvidia-smi first on PATH."""
+def _detect(tmp_path, target: str, smi_output: str, running: tuple[str, ...] = (), **cluster_vars):
+    """preflight on this machine (local connection) with a fake nvidia-smi first on PATH, and a fake docker for
+    which exactly the containers `running` run."""
     fake = tmp_path / "bin"
-    fake.mkdir()
+    fake.mkdir(exist_ok=True)
     (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s\\n' '{smi_output}'\n")
-    (fake / "nvidia-smi").chmod(0o755)
+    (fake / "docker").write_text(f'#!/bin/sh\nfor name; do :; done\ncase " {" ".join(running)} " in *" $name "*) echo true;;\n'
+                                 '*) echo "Error: No such object: $name" >&2; exit 1;; esac\n')
+    for tool in ("nvidia-smi", "docker"):
+        (fake / tool).chmod(0o755)
     inventory = tmp_path / "local.yml"
     here = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     cluster = {"vars": {"dsaops_target": target, "dsaops_cluster_interface": "lo", "dsaops_cluster_address": "127.0.0.1",
-                        "preflight_ports": [1], "dsaops_dist_init_port": 2},   # ports nothing here listens on
+                        "preflight_ports": [1], "dsaops_dist_init_port": 2,   # ports nothing here listens on
+                        **cluster_vars},
                "children": {"dsaops_head": {"hosts": {"here": here}}}}
     inventory.write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": cluster}}}))
     env = {**ENV, "PATH": f"{fake}{os.pathsep}{ENV['PATH']}"}
@@ -275,6 +281,23 @@ def test_preflight_refuses_a_target_the_gpus_contradict(tmp_path):
     refused = _detect(tmp_path, "sm_90", "12.1, 580.95.05, NVIDIA GB10")
     assert refused.returncode != 0
     assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in " ".join(refused.stdout.split())
+
+
+def test_preflight_leaves_the_exporters_port_to_its_own_container(tmp_path):
+    """The server died, its exporter's container still serves: a re-run may start the server again, but a port
+    anything else holds still stops it."""
+    with socket.create_server(("127.0.0.1", 0)) as exporter, socket.create_server(("127.0.0.1", 0)) as other:
+        ports = {"dsaops_exporter_port": exporter.getsockname()[1], "dsaops_server_port": other.getsockname()[1]}
+        held = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", running=("dsaops-exporter",),
+                       preflight_ports=list(ports.values()), **ports)
+        assert held.returncode != 0
+        assert f"here: port(s) {ports['dsaops_server_port']} already in use" in " ".join(held.stdout.split())
+        rerun = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", running=("dsaops-exporter",),
+                        preflight_ports=[ports["dsaops_exporter_port"]], **ports)
+        assert rerun.returncode == 0, rerun.stdout[-3000:]
+        serving = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", running=("dsaops-sglang",),
+                          preflight_ports=list(ports.values()), **ports)   # a running server's ports are all ours
+        assert serving.returncode == 0, serving.stdout[-3000:]
 
 
 def test_one_target_and_image_on_every_node(tmp_path):
