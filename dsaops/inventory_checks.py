@@ -171,12 +171,17 @@ VARIABLES: dict[str, str] = {
     "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
     "sglang_server_oom_score_adj": "oom_score",
 }
+# Variables renamed, old name: new name. A value set under the old name is refused, naming the new
+# one, so that an inventory written for the old name stops instead of being ignored.
+RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir"}
 _NULLABLE = {"size", "mtu"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
 
 
 def refusal(name: str, value) -> str | None:
     """Why `value` cannot be variable `name`, in one line; None when it can (or `name` is not in the table)."""
+    if name in RENAMED:
+        return None if value is None else f"{name}={value!r} is refused: it is {RENAMED[name]} now; set that instead."
     kind = VARIABLES.get(name)
     if kind is None or (value is None and kind not in _NULLABLE):
         return None
@@ -191,9 +196,9 @@ def refusal(name: str, value) -> str | None:
 
 def refusals(values: Mapping[str, object]) -> list[str]:
     """One line per refused value, in the table's order."""
-    return [line for name in VARIABLES if name in values and (line := refusal(name, values[name])) is not None]
+    return [line for name in (*VARIABLES, *RENAMED) if name in values and (line := refusal(name, values[name])) is not None]
 
 
 def names(prefix: str = "") -> list[str]:
-    """The table's variables starting with `prefix` (all with '')."""
-    return [name for name in VARIABLES if name.startswith(prefix)]
+    """The table's variables, and the renamed ones' old names, starting with `prefix` (all with '')."""
+    return [name for name in (*VARIABLES, *RENAMED) if name.startswith(prefix)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dsaops.inventory_checks import KINDS, VARIABLES, refusal, refusals
+from dsaops.inventory_checks import KINDS, VARIABLES, names, refusal, refusals
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 ROLE_DEFAULTS = {k: v for path in sorted(PLAYBOOKS.glob("roles/*/defaults/main.yml"))
@@ -60,3 +60,12 @@ def test_a_mistyped_exporter_mode_names_the_allowed_values():
     line = refusal("dsaops_exporter_mode", "contianer")
     assert line.startswith("dsaops_exporter_mode='contianer' is refused: it must be container (")
     assert "or inside (" in line and "\n" not in line
+
+
+def test_the_renamed_config_dir_is_refused_naming_its_new_name():
+    """sglang_server_config_dir became dsaops_config_dir (the exporter reads the plan there too): an
+    inventory that still sets the old name stops instead of being ignored."""
+    assert refusals({"sglang_server_config_dir": "/srv/dsaops"}) == [
+        "sglang_server_config_dir='/srv/dsaops' is refused: it is dsaops_config_dir now; set that instead."]
+    assert "sglang_server_config_dir" in names("sglang_server_")
+    assert refusal("sglang_server_config_dir", None) is None and refusal("dsaops_config_dir", "/srv/dsaops") is None
