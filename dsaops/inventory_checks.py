@@ -153,7 +153,7 @@ VARIABLES: dict[str, str] = {
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
     "sglang_server_memory_limit": "size", "sglang_server_memory_wait_s": "seconds",
     "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
-    "sglang_server_hf_cache": "path", "sglang_server_log_dir": "path",
+    "sglang_server_hf_cache": "path",
     "sglang_server_script": "path", "sglang_server_cache_dir": "path",
     "sglang_server_health_probe_timeout": "seconds", "sglang_server_health_wait_s": "seconds",
     "sglang_server_smoke_bench_concurrency": "levels",
@@ -173,7 +173,7 @@ VARIABLES: dict[str, str] = {
 }
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.
-RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir"}
+RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir"}
 _NULLABLE = {"size", "mtu"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
 

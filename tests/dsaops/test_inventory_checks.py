@@ -62,10 +62,13 @@ def test_a_mistyped_exporter_mode_names_the_allowed_values():
     assert "or inside (" in line and "\n" not in line
 
 
-def test_the_renamed_config_dir_is_refused_naming_its_new_name():
-    """sglang_server_config_dir became dsaops_config_dir (the exporter reads the plan there too): an
-    inventory that still sets the old name stops instead of being ignored."""
+def test_the_renamed_folders_are_refused_naming_their_new_names():
+    """sglang_server_config_dir and sglang_server_log_dir became dsaops_config_dir and dsaops_log_dir
+    (the exporter reads the plan and the log there too): an inventory that still sets an old name
+    stops instead of being ignored."""
     assert refusals({"sglang_server_config_dir": "/srv/dsaops"}) == [
         "sglang_server_config_dir='/srv/dsaops' is refused: it is dsaops_config_dir now; set that instead."]
-    assert "sglang_server_config_dir" in names("sglang_server_")
+    assert refusal("sglang_server_log_dir", "/srv/logs") == (
+        "sglang_server_log_dir='/srv/logs' is refused: it is dsaops_log_dir now; set that instead.")
+    assert {"sglang_server_config_dir", "sglang_server_log_dir"} <= set(names("sglang_server_"))
     assert refusal("sglang_server_config_dir", None) is None and refusal("dsaops_config_dir", "/srv/dsaops") is None

@@ -338,8 +338,8 @@ HOSTILE = {
     "dsaops_tp_size": 0, "dsaops_server_port": 99999, "dsaops_image": "", "dsaops_gpus_per_node": -1,
     "dsaops_attn_dp_size": 0, "dsaops_cluster_interface": "eth0; reboot", "dsaops_mem_fraction_static": 1.5,
     "dsaops_exporter_port": 0, "dsaops_exporter_mode": "contianer",
-    # a renamed variable: set under its old name, it would be ignored
-    "sglang_server_config_dir": "/srv/dsaops",
+    # renamed variables: set under their old names, they would be ignored
+    "sglang_server_config_dir": "/srv/dsaops", "sglang_server_log_dir": "/srv/logs",
 }
 SECRET_VALUES = ("hf_x", "short")
 
