@@ -10,7 +10,7 @@ from __future__ import annotations
 from dsaops.errors import UserError
 
 
-def read(path: str | None, flag: str = "--api-key-file") -> str | None:
+def read(path: str | None) -> str | None:
     """The key in `path` (surrounding whitespace dropped), or None without a path; UserError when
     the file cannot be read or holds no key."""
     if path is None:
@@ -20,11 +20,11 @@ def read(path: str | None, flag: str = "--api-key-file") -> str | None:
             key = f.read().strip()
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
-        raise UserError(f"{flag} {path}: {why}; give a file that holds the server's API key") from None
+        raise UserError(f"--api-key-file {path}: {why}; give a file that holds the server's API key") from None
     if not key:
-        raise UserError(f"{flag} {path} is empty: write the server's API key in it")
+        raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")
     if any(c.isspace() for c in key):
-        raise UserError(f"{flag} {path}: holds more than the key; write the server's API key alone on one line")
+        raise UserError(f"--api-key-file {path}: holds more than the key; write the server's API key alone on one line")
     return key
 
 
