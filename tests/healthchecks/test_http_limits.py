@@ -16,7 +16,7 @@ import urllib.request
 from wsgiref.simple_server import WSGIServer, make_server
 
 import pytest
-from dsaops.healthchecks.http import WORKERS, BoundedServer, app
+from dsaops.healthchecks.http import WORKERS, app, serve
 
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
@@ -78,8 +78,7 @@ def test_idle_sockets_cost_no_thread_and_a_scrape_still_answers(fake_server):
 
 
 def test_stalled_requests_time_out_and_the_oldest_idle_connection_makes_room():
-    server = BoundedServer(("127.0.0.1", 0), workers=2, max_connections=8, idle_timeout=1.0, read_timeout=0.5)
-    server.set_app(app(_Exporter()))
+    server = serve(_Exporter(), "127.0.0.1", 0, workers=2, max_connections=8, idle_timeout=1.0, read_timeout=0.5)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
