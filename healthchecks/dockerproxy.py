@@ -123,7 +123,7 @@ def serve(listen: str, docker_socket: str, allow: list[str], mode: int = 0o660) 
     user and group may connect (the exporter runs as the one, or in the other)."""
     if os.path.exists(listen) and not os.path.isdir(listen):
         os.unlink(listen)
-    old = os.umask(0o117)
+    old = os.umask(0o777 & ~mode)   # created with `mode` already: no moment with wider permissions
     try:
         server = _Server(listen, docker_socket, set(allow))
     finally:
