@@ -33,12 +33,9 @@ def config_file(tmp_path):
     return path
 
 
-parse = parse_server_args
-
-
 def test_the_keys_reach_sglang_only_through_the_config_file(tmp_path):
     argv = ["--model-path", "/models/GLM-5.3-Flash", "--port", "30000", "--config", str(config_file(tmp_path))]
-    args, merged = parse(argv)
+    args, merged = parse_server_args(argv)
     assert (args.api_key, args.admin_api_key) == (API_KEY, ADMIN_KEY)
     assert API_KEY not in " ".join(argv) and ADMIN_KEY not in " ".join(argv)   # the command line `ps` shows
     assert API_KEY in merged        # SGLang's launch_command is the merged list: the patch must redact it
@@ -62,7 +59,7 @@ def server_info(root, tmp_path) -> str:
     """/server_info as http_server.server_info builds it (build_server_info: the resolved fields, whose names
     are ServerArgs' field names, launch_command, scheduler info), redacted by `root`'s core.py, as JSON."""
     secrets, command_line = redaction(root)
-    args, merged = parse(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
+    args, merged = parse_server_args(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
     info = {**vars(args), "launch_command": command_line(merged, None), "max_total_num_tokens": 4922240,
             "internal_states": [{"memory_usage": {"token_capacity": 4922240}}], "version": "x.y.z"}
     return json.dumps(secrets(info))
@@ -153,7 +150,7 @@ def request(app, method: str, path: str, key: str | None = None) -> int:
 
 
 def test_sglang_refuses_requests_without_the_key_and_admits_them_with_it(tmp_path):
-    args, _ = parse(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
+    args, _ = parse_server_args(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
     app, table = app_with_sglang_auth(args.api_key, args.admin_api_key)
     assert table["/generate"] is None and table["/v1/chat/completions"] is None          # NORMAL
     assert table["/update_weights_from_disk"] == "ADMIN_OPTIONAL"
