@@ -109,9 +109,8 @@ def main() -> None:
     p.add_argument("--api-key-file")
     p.add_argument("--stall", action="store_true")
     cfg = p.parse_args()
-    cfg.api_key = Path(cfg.api_key_file).read_text().strip() if cfg.api_key_file else None
     Handler.cfg = cfg
-    Handler.api_key = cfg.api_key
+    Handler.api_key = Path(cfg.api_key_file).read_text().strip() if cfg.api_key_file else None
     Handler.slots = threading.BoundedSemaphore(cfg.max_running)
     Handler.answers = json.loads(Path(cfg.answers).read_text()) if cfg.answers else {}
     Handler.server_info = json.loads(Path(cfg.server_info).read_text()) if cfg.server_info else None
