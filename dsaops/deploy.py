@@ -105,7 +105,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     if print_commands and (check or tags):
         raise UserError("--print-commands renders commands only; drop --check/--tags")
     token = os.environ.get("HF_TOKEN", "")
-    if token and not token.isprintable() or " " in token:
+    if not token.isprintable() or " " in token:
         raise UserError("HF_TOKEN in the environment holds a newline, space or other unprintable character; "
                         "give the Hugging Face token alone")
     for extra in extra_vars:
