@@ -4,11 +4,11 @@ address) and the attention-DP worker-port handshake (DataParallelController._bro
 A change to any of them in the pinned source fails here, and the fence would follow it."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,7 +23,7 @@ HEAD = "192.168.100.1"
 
 def network_address():
     return lift(source_file("srt/utils/network.py"), ["_is_ipv6", "_wrap", "_parse_port", "NetworkAddress"],
-                {"dataclass": dataclass, "ipaddress": ipaddress, "socket": socket})["NetworkAddress"]
+                {"dataclass": dataclasses.dataclass, "ipaddress": ipaddress, "socket": socket})["NetworkAddress"]
 
 
 def pinned_ports(*, server_port, dist_init_addr, nccl_port, nnodes, attn_dp_size, host="0.0.0.0"):
@@ -36,7 +36,7 @@ def pinned_ports(*, server_port, dist_init_addr, nccl_port, nnodes, attn_dp_size
     envs = SimpleNamespace(SGLANG_RUST_SERVER=SimpleNamespace(get=lambda: False),
                            SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE=SimpleNamespace(get=lambda: None))
     ns = lift(source_file("srt/server_args.py"), ["ZMQ_TCP_PORT_DELTA", "PortArgs"], {
-        "dataclasses": __import__("dataclasses"), "tempfile": tempfile, "uuid": uuid, "NetworkAddress": address,
+        "dataclasses": dataclasses, "tempfile": tempfile, "uuid": uuid, "NetworkAddress": address,
         "envs": envs, "resolving_view": lambda args: args, "attn_dp_enabled_of": lambda cfg: cfg.attn_dp_size > 1,
         "num_dp_ranks_of": lambda cfg: cfg.attn_dp_size, "ep_scale_joiner_of": lambda cfg: False,
         "ep_joiner_of": lambda cfg: False, "wait_port_available": lambda port, name: checked.append(port),
