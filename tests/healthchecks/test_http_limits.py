@@ -39,11 +39,7 @@ def scrape(port: int, timeout: float = 5.0) -> bytes:
 
 
 def connect_many(port: int, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
-        socks.append(s)
-    return socks
+    return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(n)]
 
 
 @pytest.fixture(autouse=True)
