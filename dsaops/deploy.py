@@ -86,8 +86,12 @@ def inline_secret(extra: str) -> str | None:
         parsed = yaml.safe_load(extra) if extra.lstrip().startswith("{") else None
     except yaml.YAMLError:
         parsed = None
-    names = set(parsed) if isinstance(parsed, dict) else {
-        word.split("=", 1)[0] for word in shlex.split(extra, posix=True) if "=" in word}
+    try:
+        words = [] if isinstance(parsed, dict) else shlex.split(extra, posix=True)
+    except ValueError:  # not shown: the argument may hold a secret
+        raise UserError("an -e argument has an unclosed quote; close it, or give the variables in a file "
+                        "with -e @FILE") from None
+    names = set(parsed) if isinstance(parsed, dict) else {word.split("=", 1)[0] for word in words if "=" in word}
     return next((name for name in SECRETS if name in names), None)
 
 

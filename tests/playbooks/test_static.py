@@ -373,6 +373,12 @@ def test_a_secret_on_the_command_line_is_refused(extra):
     assert result.stderr.count("\n") == 1
 
 
+def test_an_unclosed_quote_in_extra_vars_is_one_line_that_hides_the_value():
+    result = print_commands("h20-8gpu", "-e", "sglang_server_hf_token='hf_abc")
+    assert result.returncode == 2 and "an -e argument has an unclosed quote" in result.stderr
+    assert result.stderr.count("\n") == 1 and "hf_abc" not in result.stderr
+
+
 def test_an_hf_token_with_a_newline_is_refused():
     result = print_commands("h20-8gpu", env={"HF_TOKEN": "hf_abc\nEVIL=1"})
     assert result.returncode == 2 and "HF_TOKEN in the environment holds a newline" in result.stderr
