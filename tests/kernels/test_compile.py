@@ -9,7 +9,7 @@ import types
 
 import pytest
 from dsaops.kernels import cli, tiles
-from dsaops.kernels.build import PDL_WAIT, build
+from dsaops.kernels.build import PDL_WAIT, build, kernel_jobs
 
 from dsaops import targets
 from dsaops.cache import cache_dir
@@ -33,7 +33,7 @@ def built():
     out["control"] = control
     for name in ("sm_90", "sm_121"):  # the row-scaled layout's kernels (NoPE, the layout GLM-5.3-Flash has)
         t = targets.get(name)
-        jobs = sorted({(tile, 0) for _, d_tail, tile in tiles.configurations(t, row_scaled=True) if d_tail == 0}, key=str)
+        jobs = [(tile, d_tail) for tile, d_tail in kernel_jobs(t, row_scaled=True, merges=False) if d_tail == 0]
         out[name + " row-scaled"] = build(name, jobs=jobs, cache_dir=CACHE, ptxas=name == "sm_90", row_scaled=True)
     return out
 

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from dsaops.kernels import decode, reference, sparse_mla_decode_fp8, tiles
 from dsaops.kernels.accuracy import rel_err
+from dsaops.kernels.build import kernel_jobs
 from dsaops.kernels.decode import decode_with_tile
 
 from dsaops import targets
@@ -231,7 +232,7 @@ def test_bad_input_says_what_to_change():
 
 
 @pytest.mark.parametrize(("tile", "d_tail"),
-                         sorted({(t, dt) for _, dt, t in tiles.configurations(targets.get("sm_90"))}, key=str),
+                         kernel_jobs(targets.get("sm_90"), merges=False),
                          ids=lambda x: x.name if isinstance(x, tiles.Tile) else f"d_tail{x}")
 @pytest.mark.parametrize("blocks", ["part", "several"])
 @pytest.mark.parametrize("S", [1, 40])
