@@ -108,7 +108,7 @@ def build(target_name: str, jobs: list[tuple] | None = None, cache_dir: str | No
         raise ValueError(f"{target_name}: kernels are compiled for NVIDIA targets only "
                          f"(gfx942 gets HIP source through `tilelang.lower`; see kernels/README.md)")
     if jobs is None:
-        jobs = kernel_jobs(target)
+        jobs = kernel_jobs(target, row_scaled=row_scaled)
     work = [(target_name, tile, dt, cache_dir, ptxas, row_scaled) for tile, dt in jobs]
     workers = workers or min(len(work), os.cpu_count() or 1)
     if workers == 1:

@@ -204,3 +204,15 @@ def test_gfx942_hip_source_or_the_reason_it_cannot_be_made(built):
         assert "PrintVecElemStore" in str(e) or "type_name.empty" in str(e), e
         pytest.xfail("TileLang 0.1.12 HIP codegen: no vector type for the fp8 casts (CodeGenTileLangHIP)")
     assert "mfma" in source.lower()
+
+
+def test_build_of_the_row_scaled_layout_defaults_to_its_own_tiles(monkeypatch):
+    """build(row_scaled=True) without a job list compiles the row-scaled layout's tiles, not the raw
+    layout's under the row-scaled flag. _build is replaced: what is asked for is the point, not nvcc."""
+    from dsaops.kernels import build as build_module
+
+    asked = []
+    monkeypatch.setattr(build_module, "_build", lambda w: asked.append(w[1:3]) or (w[1], w[2], 0, False, False, None))
+    build("sm_90", workers=1, row_scaled=True)
+    assert asked == kernel_jobs(targets.get("sm_90"), row_scaled=True)
+    assert asked != kernel_jobs(targets.get("sm_90"))
