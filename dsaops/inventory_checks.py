@@ -112,7 +112,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "secret": (lambda v: v == "" or (_match(_SECRET)(v) and len(v) >= 16),
                "empty (generated), or at least 16 printable characters without spaces"),
     "token": (_match(_SECRET), "printable characters without spaces or newlines"),
-    "size": (lambda v: v is None or _match(_SIZE)(v), "a size such as 32g"),
+    "size": (_match(_SIZE), "a size such as 32g"),
     "duration": (_match(_DURATION), "a Prometheus duration such as 5s"),
     "args": (lambda v: _list_of(_no_control)(v) and not any(str(a).split("=")[0] in _KEY_FLAGS for a in v),
              ("a list of strings without newlines or other control characters, and without --api-key or "
@@ -123,7 +123,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "docker_host": (lambda v: v == "" or (_no_control(v) and re.fullmatch(r"(unix|tcp|ssh)://\S+", v) is not None),
                     "empty, or a Docker address such as unix:///run/docker.sock"),
     "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
-    "mtu": (lambda v: v is None or _between(576, 9216)(v), "an MTU of 576 to 9216"),
+    "mtu": (_between(576, 9216), "an MTU of 576 to 9216"),
     "oom_score": (lambda v: isinstance(v, int) and not isinstance(v, bool) and -1000 <= v <= 1000
                   or isinstance(v, str) and re.fullmatch(r"-?[0-9]{1,4}", v) is not None and -1000 <= int(v) <= 1000,
                   "a whole number from -1000 to 1000"),
@@ -134,7 +134,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                 "a mapping of vm.* keys to whole numbers"),
 }
 
-# variable: kind. Variables that are unset (None) are skipped unless their kind allows None.
+# variable: kind. Variables that are unset (None) are skipped.
 VARIABLES: dict[str, str] = {
     "inventory_hostname": "host", "ansible_host": "host",
     "dsaops_target": "name", "dsaops_image": "image", "dsaops_image_registry": "root_or_registry",
@@ -174,16 +174,17 @@ VARIABLES: dict[str, str] = {
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.
 RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir"}
-_NULLABLE = {"size", "mtu"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
 
 
 def refusal(name: str, value) -> str | None:
     """Why `value` cannot be variable `name`, in one line; None when it can (or `name` is not in the table)."""
+    if value is None:      # unset
+        return None
     if name in RENAMED:
-        return None if value is None else f"{name}={value!r} is refused: it is {RENAMED[name]} now; set that instead."
+        return f"{name}={value!r} is refused: it is {RENAMED[name]} now; set that instead."
     kind = VARIABLES.get(name)
-    if kind is None or (value is None and kind not in _NULLABLE):
+    if kind is None:
         return None
     check, allowed = KINDS[kind]
     if check(value):
