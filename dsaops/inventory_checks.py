@@ -32,7 +32,7 @@ def _int(value) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value):
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value):
         return int(value)
     return None
 
@@ -124,9 +124,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                     "empty, or a Docker address such as unix:///run/docker.sock"),
     "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
     "mtu": (_between(576, 9216), "an MTU of 576 to 9216"),
-    "oom_score": (lambda v: isinstance(v, int) and not isinstance(v, bool) and -1000 <= v <= 1000
-                  or isinstance(v, str) and re.fullmatch(r"-?[0-9]{1,4}", v) is not None and -1000 <= int(v) <= 1000,
-                  "a whole number from -1000 to 1000"),
+    "oom_score": (_between(-1000, 1000), "a whole number from -1000 to 1000"),
     "exporter_mode": (lambda v: v in ("container", "inside"),
                       "container (its own container) or inside (the server container's entrypoint runs it)"),
     "sysctls": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and re.fullmatch(r"vm\.[a-z_]+", k)
