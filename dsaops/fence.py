@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from collections.abc import Mapping
 
 from dsaops.errors import UserError
 
@@ -21,7 +22,7 @@ def nft_elements(addresses: list[str], what: str) -> str:
                      for n in ipaddress.collapse_addresses(networks))
 
 
-def ipv4_of(host: str, what: str) -> str:
+def _ipv4_of(host: str, what: str) -> str:
     """The IPv4 address `host` (an address or a name) has on this machine (the controller)."""
     try:
         return str(ipaddress.IPv4Address(host))
@@ -32,3 +33,17 @@ def ipv4_of(host: str, what: str) -> str:
     except (socket.gaierror, UnicodeError) as e:
         raise UserError(f"{what}: cannot resolve {host!r} to an IPv4 address here ({e}); set its ansible_host to its "
                         "address, or list the address it scrapes from in dsaops_monitoring_allow") from None
+
+
+def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str]) -> str:
+    """The monitoring set of `hosts` ({name: its Ansible variables}): each host's address as this controller
+    resolves its ansible_host (its traffic's source on a flat network), its cluster address when it has one, and
+    `allow`. A host Ansible reaches locally is the controller itself, whose own traffic arrives on loopback."""
+    found = []
+    for name, facts in hosts.items():
+        if facts.get("ansible_connection") == "local":
+            continue
+        found.append(_ipv4_of(str(facts.get("ansible_host") or name), f"monitoring host {name}"))
+        if facts.get("dsaops_cluster_address"):
+            found.append(str(facts["dsaops_cluster_address"]))
+    return nft_elements([*found, *allow], "dsaops_monitoring_allow")

@@ -2,6 +2,7 @@
 import importlib.util
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from tests.playbooks.ansible_sandbox import PLAYBOOKS
 
@@ -27,3 +28,16 @@ def test_a_switch_given_as_a_string_reads_as_ansible_reads_it(kmsg, reads_kmsg):
     assert users["exporter"] == (0 if reads_kmsg else 65534)
     for args, uid in ((exporter, users["exporter"]), (proxy, users["proxy"])):
         assert args[args.index("--user") + 1] == f"{uid}:{uid}"
+
+
+def test_the_monitoring_set_holds_each_monitoring_hosts_addresses_merged():
+    """Each host's ansible_host and cluster address, and `allow`, merged; the controller itself (local) adds none."""
+    hostvars = {"mon": {"ansible_host": "10.0.0.5", "dsaops_cluster_address": "192.168.100.9"},
+                "here": {"ansible_connection": "local", "ansible_host": "10.9.9.9"}}
+    assert library.monitoring_sources(["mon", "here"], hostvars, ["10.0.0.0/24"]) == "10.0.0.0/24, 192.168.100.9"
+    assert library.monitoring_sources(["here"], hostvars) == ""
+    with pytest.raises(AnsibleFilterError, match="dsaops_monitoring_allow: .*give IPv4 addresses or networks"):
+        library.monitoring_sources(["mon"], hostvars, ["10.0.0.0/8 } accept; #"])
+    # a name no resolver is asked about (an empty label): the message, without waiting on DNS
+    with pytest.raises(AnsibleFilterError, match="monitoring host mon: cannot resolve 'no..such' to an IPv4 address"):
+        library.monitoring_sources(["mon"], {"mon": {"ansible_host": "no..such"}})

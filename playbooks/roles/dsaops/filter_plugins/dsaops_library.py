@@ -132,19 +132,8 @@ def nft_elements(addresses, what):
 
 
 def monitoring_sources(hosts, hostvars, allow=()):
-    """Each monitoring host's address as this controller resolves its ansible_host (its traffic's source on a
-    flat network), its cluster address when it has one, and `allow`; a host Ansible reaches locally is the
-    controller itself, whose own traffic arrives on loopback."""
-    found = []
     try:
-        for host in hosts:
-            facts = hostvars[host]
-            if facts.get("ansible_connection") == "local":
-                continue
-            found.append(fence.ipv4_of(str(facts.get("ansible_host") or host), f"monitoring host {host}"))
-            if facts.get("dsaops_cluster_address"):
-                found.append(str(facts["dsaops_cluster_address"]))
-        return fence.nft_elements([*found, *(str(a) for a in allow)], "dsaops_monitoring_allow")
+        return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow])
     except UserError as e:
         raise AnsibleFilterError(str(e)) from None
 
