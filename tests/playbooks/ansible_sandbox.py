@@ -8,6 +8,7 @@ prefix (dsaops_root) and fakes the kernel files the roles read and write there (
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -17,6 +18,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from tests.support.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "playbooks"
@@ -166,6 +169,20 @@ class Sandbox:
         """nft in sandbox host `name`'s network namespace (its own rule set)."""
         return subprocess.run(["ip", "netns", "exec", self.hosts[name]["ns"], "nft", *args], check=False,
                               capture_output=True, text=True, timeout=30)
+
+    @contextlib.contextmanager
+    def listening(self, name: str, port: int):
+        """A TCP listener on sandbox host `name`'s cluster address and `port`, reachable from its own namespace,
+        for as long as the block runs: what the fence and the port checks are probed against."""
+        host = self.hosts[name]
+        listener = subprocess.Popen(["ip", "netns", "exec", host["ns"], sys.executable, "-m", "http.server", str(port),
+                                     "--bind", host["address"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert wait_for(lambda: free_port_probe(host["ns"], host["address"], port), timeout=10)
+            yield
+        finally:
+            listener.terminate()
+            listener.wait()
 
     def playbook(self, inventory: Path, run_dir: Path, *args: str, playbook: str = "cluster.yml", env: dict | None = None):
         return self.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / playbook), *args],

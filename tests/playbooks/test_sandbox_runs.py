@@ -120,7 +120,6 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
     assert not (roots["node1"] / "etc/systemd/system/dsaops-sglang.service").exists()   # no systemd here
 
     # The head's dist-init port is fenced to the cluster in its own namespace (nftables).
-    head_ns = sandbox.hosts["node1"]["ns"]
     table = sandbox.nft("node1", "list", "table", "inet", "dsaops")
     assert table.returncode == 0, table.stderr
     # TP over 2 nodes, no attention DP: the dist-init port alone (dsaops/sglang_ports.py); the exporter's
@@ -159,26 +158,10 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
 
     # Only cluster nodes reach the dist-init port: a listener on the head, probed from the
     # worker (a cluster node) and from the controller namespace (not one).
-    listener = subprocess.Popen(["ip", "netns", "exec", head_ns, sys.executable, "-m", "http.server", "25000",
-                                 "--bind", head_address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert _wait(lambda: free_port_probe(head_ns, head_address, 25000))
+    with sandbox.listening("node1", 25000):
         assert free_port_probe(sandbox.hosts["node2"]["ns"], head_address, 25000)
         assert not free_port_probe(sandbox.ctl, head_address, 25000)
-    finally:
-        listener.terminate()
-        listener.wait()
     fence_reaches_whom_it_should_and_comes_back(sandbox, roots, inventory, tmp_path)
-
-
-def _wait(predicate, tries=50):
-    import time
-
-    for _ in range(tries):
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 SERVER_UID = 10001     # the sm_121 image's user (dsaops/targets.toml image_uid)
@@ -265,16 +248,10 @@ def fence_reaches_whom_it_should_and_comes_back(sandbox, roots, inventory, tmp_p
     """The exporter's port admits the monitoring host only; the rule set comes back at boot (nftables.service
     loads /etc/nftables.conf, which includes ours) and, flushed, with the next run."""
     node2 = sandbox.hosts["node2"]
-    listener = subprocess.Popen(["ip", "netns", "exec", node2["ns"], sys.executable, "-m", "http.server", "9860",
-                                 "--bind", node2["address"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert _wait(lambda: free_port_probe(node2["ns"], node2["address"], 9860))
+    with sandbox.listening("node2", 9860):
         assert free_port_probe(sandbox.hosts["mon"]["ns"], node2["address"], 9860)       # the monitoring host
         assert not free_port_probe(sandbox.hosts["node1"]["ns"], node2["address"], 9860)  # a cluster node is not one
         assert not free_port_probe(sandbox.ctl, node2["address"], 9860)
-    finally:
-        listener.terminate()
-        listener.wait()
 
     conf = roots["node1"] / "etc/nftables.conf"
     assert f'include "{roots["node1"]}/etc/nftables.d/dsaops.nft"' in conf.read_text()
@@ -338,15 +315,8 @@ def test_gb10_prestart_drops_caches_when_memfree_is_low(sandbox, cluster, tmp_pa
 def test_taken_port_stops_before_any_change(sandbox, cluster, tmp_path):
     write, _ = cluster
     before = snapshot(tmp_path / "roots")
-    node1 = sandbox.hosts["node1"]
-    listener = subprocess.Popen(["ip", "netns", "exec", node1["ns"], sys.executable, "-m", "http.server", "30000",
-                                 "--bind", node1["address"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        assert _wait(lambda: free_port_probe(node1["ns"], node1["address"], 30000))
+    with sandbox.listening("node1", 30000):
         result = sandbox.playbook(write(), tmp_path / "run")
-    finally:
-        listener.terminate()
-        listener.wait()
     assert result.returncode != 0
     assert "node1: port(s) 30000 already in use by another process" in " ".join(result.stdout.split())
     assert snapshot(tmp_path / "roots") == before
