@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dsaops.errors import UserError
+from dsaops.inventory_checks import SECRET_VARIABLES
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
 PHASES = ("preflight", "host_memory", "network", "image", "weights", "sglang_server", "health", "monitoring")
-# Variables whose value `-e` would put on ansible-playbook's command line, where `ps` shows it to every user.
-SECRETS = ("sglang_server_hf_token", "weights_hf_token", "dsaops_api_key", "dsaops_admin_api_key",
-           "monitoring_grafana_admin_password")
 
 
 def add_parser(sub) -> None:
@@ -92,7 +90,7 @@ def inline_secret(extra: str) -> str | None:
         raise UserError("an -e argument has an unclosed quote; close it, or give the variables in a file "
                         "with -e @FILE") from None
     names = set(parsed) if isinstance(parsed, dict) else {word.split("=", 1)[0] for word in words if "=" in word}
-    return next((name for name in SECRETS if name in names), None)
+    return next((name for name in SECRET_VARIABLES if name in names), None)
 
 
 def run(args) -> int:

@@ -173,6 +173,8 @@ VARIABLES: dict[str, str] = {
 # one, so that an inventory written for the old name stops instead of being ignored.
 RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
+# The variables of those kinds: what `ps` must never show on ansible-playbook's command line (dsaops deploy)
+SECRET_VARIABLES = tuple(name for name, kind in VARIABLES.items() if kind in _SECRETS)
 
 
 def refusal(name: str, value) -> str | None:

@@ -373,6 +373,18 @@ def test_a_secret_on_the_command_line_is_refused(extra):
     assert result.stderr.count("\n") == 1
 
 
+def test_every_secret_kind_of_variable_is_refused_inline():
+    """The variables inventory_checks keeps out of messages are the ones -e may not carry; a new one
+    is covered without a second list (a variable of another kind passes)."""
+    from dsaops.deploy import inline_secret
+    from dsaops.inventory_checks import SECRET_VARIABLES
+
+    assert {"dsaops_api_key", "sglang_server_hf_token", "weights_hf_token"} <= set(SECRET_VARIABLES)
+    for name in SECRET_VARIABLES:
+        assert inline_secret(f"a=1 {name}=x") == name and inline_secret(f'{{"{name}": "x"}}') == name
+    assert inline_secret("dsaops_tp_size=8") is None and inline_secret(f"@{SECRET_VARIABLES[0]}.yml") is None
+
+
 def test_an_unclosed_quote_in_extra_vars_is_one_line_that_hides_the_value():
     result = print_commands("h20-8gpu", "-e", "sglang_server_hf_token='hf_abc")
     assert result.returncode == 2 and "an -e argument has an unclosed quote" in result.stderr
