@@ -435,10 +435,11 @@ def render_exporter(tmp_path, **extra) -> str:
 
 
 def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
-    """One folder for the plan: moved with dsaops_config_dir, the exporter's mount follows the server's."""
+    """One folder for the plan and the keys: moved with dsaops_config_dir, the exporter's mounts follow."""
     server = print_commands("h20-8gpu", "-e", "dsaops_config_dir=/srv/dsaops-conf")
     assert server.returncode == 0, server.stderr[-3000:]
     assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in server.stdout
     exporter = render_exporter(tmp_path, dsaops_config_dir="/srv/dsaops-conf")
     assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in exporter
     assert "--plan /srv/dsaops-conf/plan.json" in exporter and "/etc/dsaops/plan.json" not in exporter
+    assert "/srv/dsaops-conf/exporter/api-key" in exporter and "/etc/dsaops" not in exporter
