@@ -1,4 +1,5 @@
-"""The address sets of the network role's nftables fence (playbooks/roles/network/templates/dsaops.nft.j2).
+"""The address sets of the network role's nftables fence (playbooks/roles/network/templates/dsaops.nft.j2),
+and the address a node's own probe reaches one of its listeners at.
 
 Only addresses that parse as IPv4 addresses or networks reach the rule set, merged where they overlap
 (an nftables interval set refuses overlapping elements); anything else stops the run naming the value.
@@ -20,6 +21,19 @@ def nft_elements(addresses: list[str], what: str) -> str:
         raise UserError(f"{what}: {e}; give IPv4 addresses or networks such as 10.0.0.0/24") from None
     return ", ".join(str(n.network_address) if n.prefixlen == 32 else str(n)
                      for n in ipaddress.collapse_addresses(networks))
+
+
+def probe_host(listen_host: str, what: str) -> str:
+    """The host part of a URL that reaches, from the same machine, a server listening on `listen_host`:
+    loopback for a wildcard address (0.0.0.0, ::), which loopback is part of, else the address itself
+    (it accepts nowhere else); IPv6 in brackets."""
+    try:
+        address = ipaddress.ip_address(str(listen_host))
+    except ValueError:
+        raise UserError(f"{what}: {listen_host!r} is not an IP address; give one such as 0.0.0.0 or 127.0.0.1") from None
+    if address.is_unspecified:
+        address = ipaddress.ip_address("127.0.0.1" if address.version == 4 else "::1")
+    return f"[{address}]" if address.version == 6 else str(address)
 
 
 def _ipv4_of(host: str, what: str) -> str:

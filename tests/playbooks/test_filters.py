@@ -41,3 +41,16 @@ def test_the_monitoring_set_holds_each_monitoring_hosts_addresses_merged():
     # a name no resolver is asked about (an empty label): the message, without waiting on DNS
     with pytest.raises(AnsibleFilterError, match="monitoring host mon: cannot resolve 'no..such' to an IPv4 address"):
         library.monitoring_sources(["mon"], {"mon": {"ansible_host": "no..such"}})
+
+
+@pytest.mark.parametrize("listen_host, probed", [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"),
+                                                 ("10.0.0.5", "10.0.0.5"), ("::", "[::1]"), ("::1", "[::1]"),
+                                                 ("fd00::5", "[fd00::5]")])
+def test_a_probe_reaches_the_address_its_listener_is_bound_to(listen_host, probed):
+    """A wildcard bind answers on loopback; a named address answers only on itself (IPv6 bracketed for a URL)."""
+    assert library.probe_host(listen_host, "dsaops_exporter_listen_host") == probed
+
+
+def test_a_probe_host_that_is_no_address_is_named():
+    with pytest.raises(AnsibleFilterError, match="dsaops_exporter_listen_host: 'exporter.lan' is not an IP address"):
+        library.probe_host("exporter.lan", "dsaops_exporter_listen_host")

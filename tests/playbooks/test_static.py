@@ -1,5 +1,6 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
+import http.server
 import json
 import os
 import re
@@ -8,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import yaml
@@ -416,9 +418,8 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
         "monitoring_grafana_admin_password_value"]
 
 
-def render_exporter(tmp_path, **extra) -> str:
-    """The monitoring role on this machine in check mode (nothing written, nothing started): the exporter's
-    start script as it would render, from --diff."""
+def monitoring_role(tmp_path, *flags, **extra) -> subprocess.CompletedProcess:
+    """The monitoring role on this machine, its exporter neither started nor probed unless `extra` says so."""
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {"children": {
         "dsaops_head": {"hosts": {"here": {"ansible_connection": "local",
                                            "ansible_python_interpreter": sys.executable}}}}}}}}))
@@ -427,8 +428,15 @@ def render_exporter(tmp_path, **extra) -> str:
     settings = {"dsaops_root": str(tmp_path / "root"), "dsaops_target": "sm_90", "dsaops_api_key": "k" * 20,
                 "preflight_plan": {}, "monitoring_exporter_start": False, "monitoring_probe_exporter": False, **extra}
     result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
-                  "--check", "--diff", "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles")})
+                  *flags, "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles")})
     assert result.returncode == 0, result.stdout[-3000:]
+    return result
+
+
+def render_exporter(tmp_path, **extra) -> str:
+    """The monitoring role in check mode (nothing written, nothing started): the exporter's start script as it
+    would render, from --diff."""
+    result = monitoring_role(tmp_path, "--check", "--diff", **extra)
     assert not (tmp_path / "root").exists()
     script = result.stdout.split("TASK [monitoring : Render the exporter's start script]", 1)[1].split("TASK [", 1)[0]
     return "\n".join(line[1:] for line in script.splitlines() if line.startswith("+") and not line.startswith("+++"))
@@ -443,3 +451,27 @@ def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
     assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in exporter
     assert "--plan /srv/dsaops-conf/plan.json" in exporter and "/etc/dsaops/plan.json" not in exporter
     assert "/srv/dsaops-conf/exporter/api-key" in exporter and "/etc/dsaops" not in exporter
+
+
+def test_the_exporter_is_probed_at_the_address_it_listens_on(tmp_path):
+    """An exporter bound to one address answers there and nowhere else (not on 127.0.0.1): the role's probe
+    reaches a real listener on 127.0.0.2."""
+    probed = []
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            probed.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.HTTPServer(("127.0.0.2", 0), Metrics) as exporter:
+        threading.Thread(target=exporter.serve_forever, daemon=True).start()
+        try:
+            monitoring_role(tmp_path, dsaops_exporter_mode="inside", monitoring_probe_exporter=True,
+                            dsaops_exporter_listen_host="127.0.0.2", dsaops_exporter_port=exporter.server_port)
+        finally:
+            exporter.shutdown()
+    assert probed == ["/metrics"]
