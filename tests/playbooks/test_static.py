@@ -418,19 +418,25 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
         "monitoring_grafana_admin_password_value"]
 
 
-def monitoring_role(tmp_path, *flags, **extra) -> subprocess.CompletedProcess:
-    """The monitoring role on this machine, its exporter neither started nor probed unless `extra` says so."""
+def role_here(tmp_path, role, *flags, env=None, **extra) -> subprocess.CompletedProcess:
+    """One role on this machine (a one-node cluster reached locally), its machine-wide paths under tmp_path/root."""
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {"children": {
         "dsaops_head": {"hosts": {"here": {"ansible_connection": "local",
                                            "ansible_python_interpreter": sys.executable}}}}}}}}))
     (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "dsaops_cluster", "gather_facts": False,
-                                                         "roles": ["monitoring"]}]))
+                                                         "roles": [role]}]))
     settings = {"dsaops_root": str(tmp_path / "root"), "dsaops_target": "sm_90", "dsaops_api_key": "k" * 20,
-                "preflight_plan": {}, "monitoring_exporter_start": False, "monitoring_probe_exporter": False, **extra}
+                "preflight_plan": {}, **extra}
     result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
-                  *flags, "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles")})
+                  *flags, "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"), **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:]
     return result
+
+
+def monitoring_role(tmp_path, *flags, **extra) -> subprocess.CompletedProcess:
+    """The monitoring role on this machine, its exporter neither started nor probed unless `extra` says so."""
+    return role_here(tmp_path, "monitoring", *flags,
+                     **{"monitoring_exporter_start": False, "monitoring_probe_exporter": False, **extra})
 
 
 def render_exporter(tmp_path, **extra) -> str:
@@ -475,3 +481,18 @@ def test_the_exporter_is_probed_at_the_address_it_listens_on(tmp_path):
         finally:
             exporter.shutdown()
     assert probed == ["/metrics"]
+
+
+def test_the_download_token_goes_once_the_inventory_no_longer_gives_it(tmp_path):
+    """The root-only copy of HF_TOKEN an earlier download left on the source node stays while HF_TOKEN is given
+    and is removed by the first run without it."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}\n")
+    token = tmp_path / "root/etc/dsaops/weights-hf-token"
+    token.parent.mkdir(parents=True)
+    token.write_text("hf_earlier\n")
+    role_here(tmp_path, "weights", env={"HF_TOKEN": "hf_earlier"}, dsaops_model_path=str(model))
+    assert token.read_text() == "hf_earlier\n"
+    role_here(tmp_path, "weights", env={"HF_TOKEN": ""}, dsaops_model_path=str(model))
+    assert not token.exists()
