@@ -127,6 +127,13 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "oom_score": (_between(-1000, 1000), "a whole number from -1000 to 1000"),
     "exporter_mode": (lambda v: v in ("container", "inside"),
                       "container (its own container) or inside (the server container's entrypoint runs it)"),
+    "supervisor": (lambda v: v in ("auto", "systemd", "docker"),
+                   ("auto (systemd where the node runs it, else docker), systemd (a unit) or docker (a detached "
+                    "container with Docker's restart policy)")),
+    # YAML reads a bare yes or no as a boolean, which the monitoring role's test for 'yes' misses
+    "monitoring_start": (lambda v: v in ("auto", "yes", "no"),
+                         ("auto (where Docker answers), 'yes' or 'no' (quoted: YAML reads a bare yes or no as "
+                          "true or false)")),
     "sysctls": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and re.fullmatch(r"vm\.[a-z_]+", k)
                                                       and _int(x) is not None for k, x in v.items()),
                 "a mapping of vm.* keys to whole numbers"),
@@ -153,8 +160,8 @@ VARIABLES: dict[str, str] = {
     "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
     "sglang_server_hf_cache": "path",
     "sglang_server_script": "path", "sglang_server_cache_dir": "path",
-    "sglang_server_health_probe_timeout": "seconds", "sglang_server_health_wait_s": "seconds",
-    "sglang_server_smoke_bench_concurrency": "levels",
+    "sglang_server_supervisor": "supervisor", "sglang_server_health_probe_timeout": "seconds",
+    "sglang_server_health_wait_s": "seconds", "sglang_server_smoke_bench_concurrency": "levels",
     "monitoring_exporter_state_dir": "path", "monitoring_exporter_run_dir": "path", "monitoring_exporter_script": "path",
     "monitoring_prometheus_dir": "path", "monitoring_alertmanager_dir": "path", "monitoring_grafana_dir": "path",
     "monitoring_prometheus_data_dir": "path", "monitoring_alertmanager_data_dir": "path",
@@ -162,7 +169,7 @@ VARIABLES: dict[str, str] = {
     "monitoring_grafana_image": "image", "monitoring_prometheus_port": "port", "monitoring_alertmanager_port": "port",
     "monitoring_grafana_port": "port", "monitoring_scrape_interval": "duration", "monitoring_alertmanager_listen": "ip",
     "monitoring_alert_webhook_url": "url", "monitoring_datasource_uid": "name",
-    "monitoring_grafana_admin_password": "secret",
+    "monitoring_grafana_admin_password": "secret", "monitoring_start": "monitoring_start",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
     "weights_hf_token": "token", "host_memory_sysctl_file": "path", "host_memory_sshd_unit": "name",

@@ -52,7 +52,8 @@ def test_a_newline_is_refused_everywhere(name):
     ("sglang_server_extra_args", ["--trust-remote-code"], ["--api-key", "k"]),
     ("sglang_server_extra_env", {"A_B": "x y"}, {"A-B": "x"}), ("host_memory_sshd_oom_score_adj", -900, "-900x"),
     ("dsaops_api_key", "", "short"), ("dsaops_api_key", "a" * 16, "a" * 15 + " "),
-    ("dsaops_exporter_mode", "inside", "contianer"),
+    ("dsaops_exporter_mode", "inside", "contianer"), ("sglang_server_supervisor", "docker", "systemd-run"),
+    ("monitoring_start", "no", "maybe"),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -82,3 +83,19 @@ def test_the_renamed_folders_are_refused_naming_their_new_names():
         "sglang_server_log_dir='/srv/logs' is refused: it is dsaops_log_dir now; set that instead.")
     assert {"sglang_server_config_dir", "sglang_server_log_dir"} <= set(names("sglang_server_"))
     assert refusal("sglang_server_config_dir", None) is None and refusal("dsaops_config_dir", "/srv/dsaops") is None
+
+
+def test_a_mistyped_supervisor_names_the_allowed_values():
+    """The print-commands path runs no argument_specs: this rule is its only check."""
+    line = refusal("sglang_server_supervisor", "systemd-run")
+    assert line.startswith("sglang_server_supervisor='systemd-run' is refused: it must be auto (")
+    assert "systemd (a unit) or docker (" in line and "\n" not in line
+
+
+@pytest.mark.parametrize("bare", [True, False])
+def test_a_bare_yes_or_no_for_monitoring_start_says_to_quote_it(bare):
+    """`monitoring_start: yes` in an inventory arrives as true, which the role's test for 'yes' would miss."""
+    line = refusal("monitoring_start", bare)
+    assert line.startswith(f"monitoring_start={bare!r} is refused: it must be auto (")
+    assert "'yes' or 'no' (quoted" in line and "\n" not in line
+    assert refusal("monitoring_start", "yes") is None

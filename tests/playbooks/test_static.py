@@ -339,7 +339,8 @@ HOSTILE = {
     # values that passed before: TP 0, port 99999, an empty image, and others
     "dsaops_tp_size": 0, "dsaops_server_port": 99999, "dsaops_image": "", "dsaops_gpus_per_node": -1,
     "dsaops_attn_dp_size": 0, "dsaops_cluster_interface": "eth0; reboot", "dsaops_mem_fraction_static": 1.5,
-    "dsaops_exporter_port": 0, "dsaops_exporter_mode": "contianer",
+    "dsaops_exporter_port": 0, "dsaops_exporter_mode": "contianer", "sglang_server_supervisor": "systemd-run",
+    "monitoring_start": "maybe",
     # renamed variables: set under their old names, they would be ignored
     "sglang_server_config_dir": "/srv/dsaops", "sglang_server_log_dir": "/srv/logs",
 }
