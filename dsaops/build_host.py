@@ -26,6 +26,8 @@ from pathlib import Path
 
 DOCKER_TIMEOUT_S = 60    # a docker probe that has not answered by then counts as no answer
 BUILDX_MIN_CLIENT = 23   # the first docker client that builds with BuildKit only through buildx
+# Docker's platform of each Linux machine (`uname -m`, and the machine in a wheel's platform tag).
+PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
 # ELF e_machine of each Linux machine, as it appears in a binfmt_misc magic (bytes 18-19, little-endian).
 _ELF_MACHINE = {"aarch64": "b700", "x86_64": "3e00"}
 _EMULATION_FIX = ("install emulation (`sudo apt-get install qemu-user-static binfmt-support`, or "
@@ -103,11 +105,16 @@ def base_problem(base: str, platform: str) -> str | None:
     return None
 
 
+def machine_of(platform: str) -> str:
+    """The Linux machine of a Docker platform (linux/arm64: aarch64); else the platform's last part."""
+    return next((m for m, p in PLATFORMS.items() if p == platform), platform.rpartition("/")[2])
+
+
 def emulation_problem(platform: str, host_platform: str, binfmt: Path | None = None) -> str | None:
     """Running RUN steps of another platform needs the kernel to hand its binaries to an emulator."""
     if platform == host_platform:
         return None
-    machine = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}.get(platform, platform.rpartition("/")[2])
+    machine = machine_of(platform)
     binfmt = Path(binfmt or os.environ.get("DSAOPS_BINFMT_MISC") or "/proc/sys/fs/binfmt_misc")
     native = " (for sm_121: the DGX Spark itself)" if platform == "linux/arm64" else ""
     fix = _EMULATION_FIX.format(arch=platform.rpartition("/")[2], platform=platform, native=native)

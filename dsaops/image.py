@@ -28,7 +28,6 @@ IMAGES = REPO / "images"
 DOCKERFILE = IMAGES / "Dockerfile"
 IMAGE_NAME = "dsaops/sglang"
 STAGES = ("python", "engine", "patched", "app", "kernels", "runtime")
-_ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}  # docker platform -> wheel/uname machine
 # The oldest glibc an image base may have (Ubuntu 24.04 has 2.39): the wheels PyPI has are manylinux_2_34.
 IMAGE_GLIBC = (2, 34)
 
@@ -159,7 +158,7 @@ def shell_lines(cmd: list[str]) -> str:
 def render(p: Plan) -> str:
     t = p.target
     sglang = "empty: the base carries SGLang" if t.base_carries_sglang else \
-        f"the sglang cp{t.image_python.replace('.', '')} {_ARCH.get(t.platform, t.platform)} wheel"
+        f"the sglang cp{t.image_python.replace('.', '')} {build_host.machine_of(t.platform)} wheel"
     lines = [
         f"# dsaops image plan: {t.name} ({t.description})",
         f"#   platform  {t.platform}",
@@ -180,7 +179,7 @@ def sglang_wheel_for(target, pin: str) -> Path:
 
     The cache also holds the wheels other interpreters use (the tests take the host's): the choice
     goes by the tags in the file names, never by which file a glob lists first."""
-    machine = _ARCH[target.platform]
+    machine = build_host.machine_of(target.platform)
     accepted = wheel_tags.linux_cpython_tags(target.image_python, machine, IMAGE_GLIBC)
     wheels = cache_dir("wheels")
     found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)

@@ -31,7 +31,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from dsaops import pins
+from dsaops import build_host, pins
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
 
@@ -56,7 +56,7 @@ def machine() -> str:
 
 
 def platform() -> str:
-    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(machine(), f"linux/{machine()}")
+    return build_host.PLATFORMS.get(machine(), f"linux/{machine()}")
 
 
 def tag(target) -> str:
@@ -182,8 +182,6 @@ def _docker(*args: str, capture: bool = True) -> subprocess.CompletedProcess:
 
 def ensure(target) -> str:
     """The target's stand-in base in the engine, built when missing or made from other inputs; its tag."""
-    from dsaops import build_host
-
     if problem := build_host.engine_problem():
         raise UserError(problem)
     rootfs = debian_rootfs()

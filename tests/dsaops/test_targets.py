@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from dsaops import targets
+from dsaops import build_host, targets
 from dsaops.cli import main
 
 
@@ -24,6 +24,16 @@ def test_every_target_can_key_a_cache():
     that cannot be hashed fails the server's first decode, on the GPU only."""
     for t in targets.table().values():
         assert {t: t.name}[t] == t.name
+
+
+def test_each_targets_platform_is_one_linux_machine_both_ways():
+    """Docker's platform and the machine (`uname -m`, a wheel's tag, a binfmt entry) from one table:
+    the image's wheel, the stand-in's platform and the emulation check read it."""
+    for t in targets.table().values():
+        machine = build_host.machine_of(t.platform)
+        assert build_host.PLATFORMS[machine] == t.platform
+    assert (build_host.machine_of("linux/arm64"), build_host.machine_of("linux/amd64")) == ("aarch64", "x86_64")
+    assert build_host.machine_of("linux/riscv64") == "riscv64"
 
 
 def test_compute_capability_maps_back_to_a_target():
