@@ -11,7 +11,7 @@ H=64). Per tile of `block_rows` top-k rows:
   O += P . V                   the family's product (V from registers, or upcast in shared memory)
 A split over top-k (grid z) writes per-split outputs (bf16) and log-sum-exps, split k's heads at
 rows k*H.. of one [S, n_split*H] tensor; decode_merge merges them in fp32. Split k owns the
-query's tiles k, k + n_split, ... and stops after the last with a valid row (load_row_ids): a
+query's tiles k, k + n_split, ... and stops after the last with a valid row (flag_tiles): a
 context shorter than top-k, whose -1 entries sit at the tail, costs the tiles it reads. With one split the
 decode kernel's output is the answer as it is (no view a call). Every shape that varies per call
 (S, H, top-k, pool slots, split count) is symbolic: one compiled kernel per (tile, d_tail).
@@ -57,8 +57,9 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
                              cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (s_i, hb, sp):
             if pdl:
                 overlap_launches()
-            block(q, kv, kv_scale, indices, sm_scale, split_rows, 2 if pairs else split_heads // H, out, lse, H,
-                  s_i, hb, sp)
+            # once: inlined, the division ran at every row id's address (a 64-bit division call)
+            n_split = T.alloc_var(T.int32, init=2 if pairs else split_heads // H)
+            block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp)
 
     return decode
 
@@ -94,36 +95,51 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
     sum hi + lo is x exactly wherever |x| >= 2^-2 (x - hi has at most 4 significant bits, on e4m3's
     grid down to its subnormals' 2^-9), and within 2^-10 below that: q at bf16's precision in fp8
     products, for any magnitude of q. The scores then carry the head's scale, which the softmax
-    takes out (score_scales). q_amax: shared [heads] float32 scratch. Padded heads (past H) are
-    zeros. d_tail's columns (qt_hi, qt_lo; None without a tail) share their head's scale."""
-    heads, D = q_hi.shape
+    takes out (score_scales). Padded heads (past H) are zeros. d_tail's columns (qt_hi, qt_lo; None
+    without a tail) share their head's scale. q_lo None: q_hi holds both, lo at rows heads.. (the
+    stacked operands of alloc_operands; qt_lo likewise). q_amax: shared [heads] float32 scratch for TileLang's
+    reduction of the largest |q|; None: the scales come from pv_registers.cuh's head_scales, a warp
+    a head (TileLang's reduction over a head's 512 columns, which span two warps, ran a barrier pair
+    a head: about 2 us a block on the H200)."""
+    heads, D = q_scale.shape[0], q_hi.shape[1]
+    Dt = 0 if qt_hi is None else qt_hi.shape[1]
     q_f = T.alloc_fragment([heads, D], T.bfloat16)
-    amax = T.alloc_fragment([heads], T.bfloat16)
     for h, d in T.Parallel(heads, D):
         q_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0)
-    T.reduce_absmax(q_f, amax, dim=1)
-    for h in T.Parallel(heads):
-        q_amax[h] = amax[h]
-    if qt_hi is not None:
-        Dt = qt_hi.shape[1]
+    if Dt:
         qt_f = T.alloc_fragment([heads, Dt], T.bfloat16)
-        amax_t = T.alloc_fragment([heads], T.bfloat16)
         for h, d in T.Parallel(heads, Dt):
             qt_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0)
-        T.reduce_absmax(qt_f, amax_t, dim=1)
+    if q_amax is None:
+        T.call_extern("handle", f"dsaops_pv::head_scales<{heads}, {D + Dt}>", T.access_ptr(q[s_i, h0, 0], "r"),
+                      T.min(heads, H - h0), T.access_ptr(q_scale, "w"))
+    else:
+        amax = T.alloc_fragment([heads], T.bfloat16)
+        T.reduce_absmax(q_f, amax, dim=1)
         for h in T.Parallel(heads):
-            q_amax[h] = T.max(q_amax[h], amax_t[h])
-    for h in T.Parallel(heads):
-        q_scale[h] = pow2_scale(q_amax[h])
+            q_amax[h] = amax[h]
+        if Dt:
+            amax_t = T.alloc_fragment([heads], T.bfloat16)
+            T.reduce_absmax(qt_f, amax_t, dim=1)
+            for h in T.Parallel(heads):
+                q_amax[h] = T.max(q_amax[h], amax_t[h])
+        for h in T.Parallel(heads):
+            q_scale[h] = pow2_scale(q_amax[h])
     for h, d in T.Parallel(heads, D):
         x = q_f[h, d].astype(T.float32) * q_scale[h]
         q_hi[h, d] = x.astype(q_hi.dtype)
-        q_lo[h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_lo.dtype)
-    if qt_hi is not None:
-        for h, d in T.Parallel(heads, qt_hi.shape[1]):
+        if q_lo is None:
+            q_hi[heads + h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_hi.dtype)
+        else:
+            q_lo[h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_lo.dtype)
+    if Dt:
+        for h, d in T.Parallel(heads, Dt):
             x = qt_f[h, d].astype(T.float32) * q_scale[h]
             qt_hi[h, d] = x.astype(qt_hi.dtype)
-            qt_lo[h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_lo.dtype)
+            if qt_lo is None:
+                qt_hi[heads + h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_hi.dtype)
+            else:
+                qt_lo[h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_lo.dtype)
 
 
 @T.macro
@@ -136,17 +152,19 @@ def score_scales(m, scale2, q_scale, sm_scale):
 
 
 @T.macro
-def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype):
+def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, warp_scales=False, stacked=False):
     """Shared memory of QK^T's operands: q's two e4m3 halves [heads, d_v] (split_q) and a tile's
-    gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's largest |q|
-    and scale a head. (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
-    q_hi = T.alloc_shared([heads, d_v], fp8_dtype)
-    q_lo = T.alloc_shared([heads, d_v], fp8_dtype)
+    gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's scale a head
+    with, unless warp_scales (split_q: pv_registers.cuh's head_scales), its largest |q|. stacked:
+    the halves as one operand [2 heads, d_v], hi above lo, in q_hi (and qt_hi), q_lo and qt_lo None
+    (scores' one product for both). (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
+    q_hi = T.alloc_shared([2 * heads if stacked else heads, d_v], fp8_dtype)
+    q_lo = None if stacked else T.alloc_shared([heads, d_v], fp8_dtype)
     k_s = T.alloc_shared([rows, d_v], fp8_dtype)
-    qt_hi = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail else None
-    qt_lo = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail else None
+    qt_hi = T.alloc_shared([2 * heads if stacked else heads, d_tail], fp8_dtype) if d_tail else None
+    qt_lo = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail and not stacked else None
     kt_s = T.alloc_shared([rows, d_tail], fp8_dtype) if d_tail else None
-    q_amax = T.alloc_shared([heads], T.float32)
+    q_amax = None if warp_scales else T.alloc_shared([heads], T.float32)
     q_scale = T.alloc_shared([heads], T.float32)
     return q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale
 
@@ -162,12 +180,14 @@ def alloc_row_ids(index_rows, rows):
 
 @T.macro
 def prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split, H, s_i, sp, h0):
-    """Before the first tile: q's halves and scales (split_q), the split's row ids and its tiles'
-    flags (load_row_ids), the accumulators and the running max cleared, each head's score scale.
-    Returns where the split's loop ends: 1 + its last tile with a valid row."""
+    """Before the first tile: the split's row ids (load_row_ids), q's halves and scales (split_q),
+    the tiles' flags (flag_tiles), the accumulators and the running max cleared, each head's score
+    scale. The row ids' and q's global loads come before the first barrier, so their latencies
+    overlap. Returns where the split's loop ends: 1 + its last tile with a valid row."""
     # by index: names bound here (even `_`) would rename those buffers in the generated source
-    split_q(q, operands[0], operands[1], operands[3], operands[4], operands[6], operands[7], H, s_i, h0)
     load_row_ids(indices, *row_ids, split_rows, n_split, s_i, sp)
+    split_q(q, operands[0], operands[1], operands[3], operands[4], operands[6], operands[7], H, s_i, h0)
+    flag_tiles(*row_ids)
     T.fill(acc_o, 0)
     T.fill(sum_part, 0)
     score_scales(m, scale2, operands[7], sm_scale)
@@ -184,21 +204,28 @@ def load_row_ids(indices, ids, masked, live, split_rows, n_split, s_i, sp):
     from shared memory instead of a dependent global load (an HBM latency) per tile. Split sp owns
     the query's tiles sp, sp + n_split, sp + 2 n_split, ... (its tile j is rows (sp + n_split j) *
     rows..), so the valid rows of a context shorter than top-k, which SGLang puts first and pads
-    with -1, spread evenly over the splits; positions past top-k read as -1. masked[j] is 1 for a
-    tile with a masked (-1) row: only those tiles' scores are masked (the mask reads each score's
-    row id, and DSA's top-k is full once a context has 2,048 tokens); live[j] is 1 for a tile with a
-    valid row (the caller's loop stops after the last: nothing past it is gathered or computed, and
-    a split with no valid row runs no tile: zeros, lse -inf)."""
+    with -1, spread evenly over the splits; positions past top-k read as -1. The tiles' flags
+    (flag_tiles) are cleared here, before the barrier that publishes the row ids."""
     tiles, rows = masked.shape[0], ids.shape[0] // masked.shape[0]
     topk = indices.shape[2]
     for j, r in T.Parallel(tiles, rows):
-        ids[j * rows + r] = T.if_then_else(
-            j * rows + r < split_rows,
-            T.if_then_else((sp + n_split * j) * rows + r < topk, indices[s_i, 0, (sp + n_split * j) * rows + r], -1),
-            -1)
+        # clamped, so every load is issued unconditionally, all before the first is waited for
+        pos = (sp + n_split * j) * rows + r
+        row = indices[s_i, 0, T.min(pos, topk - 1)]
+        ids[j * rows + r] = T.if_then_else(j * rows + r < split_rows and pos < topk, row, -1)
     for j in T.Parallel(tiles):
         masked[j] = 0
         live[j] = 0
+
+
+@T.macro
+def flag_tiles(ids, masked, live):
+    """masked[j] is 1 for a tile of the split with a masked (-1) row: only those tiles' scores are
+    masked (the mask reads each score's row id, and DSA's top-k is full once a context has 2,048
+    tokens); live[j] is 1 for a tile with a valid row (the caller's loop stops after the last:
+    nothing past it is gathered or computed, and a split with no valid row runs no tile: zeros,
+    lse -inf)."""
+    rows = ids.shape[0] // masked.shape[0]
     for r in T.Parallel(ids.shape[0]):  # every writer writes 1
         if ids[r] < 0:
             masked[r // rows] = 1
@@ -230,13 +257,25 @@ def product(a, b, acc_s, clear, policy, wgmma):
 
 
 @T.macro
-def scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, transposed, wgmma):
+def scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, transposed, wgmma, acc_both=None):
     """acc_s = (Q_hi + Q_lo) . K^T over the tile, the tail's products added (qt_hi None: no tail),
     or transposed, S^T = K . Q^T with each warpgroup's product 64 rows (M) by the heads (N). With
     wgmma, each hi product is issued without a wait, so it runs back to back with its lo product,
     whose wait covers both (a chain of three unwaited products made ptxas serialize the kernel's
-    wgmma)."""
-    if transposed:
+    wgmma). acc_both (transposed only): q_hi holds both halves (alloc_operands' stacked), one
+    product 2 heads wide into acc_both [rows, 2 heads] whose two halves add into acc_s: each
+    product reads its K rows from shared memory once for both halves of q, and a thread holds
+    column h and h + heads of the accumulator alike (wgmma's columns 8c + 2(lane % 4) + {0, 1})."""
+    if acc_both is not None:
+        product(k_s, q_hi, acc_both, True, T.GemmWarpPolicy.FullRow, wgmma and qt_hi is not None)
+        if qt_hi is not None:
+            product(kt_s, qt_hi, acc_both, False, T.GemmWarpPolicy.FullRow, False)
+        # one index pattern a fragment a loop (TileLang's layout inference)
+        for r, h in T.Parallel(*acc_s.shape):
+            acc_s[r, h] = acc_both[r, h]
+        for r, h in T.Parallel(*acc_s.shape):
+            acc_s[r, h] += acc_both[r, acc_s.shape[1] + h]
+    elif transposed:
         product(k_s, q_hi, acc_s, True, T.GemmWarpPolicy.FullRow, wgmma)
         product(k_s, q_lo, acc_s, False, T.GemmWarpPolicy.FullRow, False)
         if qt_hi is not None:

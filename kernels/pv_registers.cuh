@@ -90,6 +90,56 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
+// Each head's q scale (decode_parts.pow2_scale: the power of two that puts its largest |q| in
+// [128, 256); 1 under 2^-119 and for a padded head, h >= heads_valid) into scale[HEADS]. q: the
+// block's first head, WIDTH bf16 columns a head; 256 threads. A warp a head: 16-byte loads, five
+// shuffles and no barrier, where TileLang's reduction over a fragment whose heads span two warps
+// ran a barrier pair a head. The caller's barrier publishes scale.
+template <int HEADS, int WIDTH>
+__device__ __forceinline__ void head_scales(const void* q, int heads_valid, float* scale) {
+  constexpr int kWarps = 8, kChunks = WIDTH / 8;  // 16-byte chunks a head
+  static_assert(HEADS % kWarps == 0 && WIDTH % 8 == 0, "whole heads a warp, read in 16-byte chunks");
+  const uint4* rows = reinterpret_cast<const uint4*>(q);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float amax[HEADS / kWarps];
+  // loads first, all of them unconditional (clamped to a real head and chunk; padded heads are zeroed
+  // after), so none waits for another
+  constexpr int kPerLane = (kChunks + 31) / 32;
+  uint4 v[HEADS / kWarps][kPerLane];
+#pragma unroll
+  for (int i = 0; i < HEADS / kWarps; ++i) {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      v[i][k] = rows[min(warp + kWarps * i, heads_valid - 1) * kChunks + min(32 * k + lane, kChunks - 1)];
+  }
+#pragma unroll
+  for (int i = 0; i < HEADS / kWarps; ++i) {
+    amax[i] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v[i][k]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(__habs2(pairs[j]));
+        amax[i] = fmaxf(amax[i], fmaxf(f.x, f.y));
+      }
+    }
+    if (warp + kWarps * i >= heads_valid) amax[i] = 0.f;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < HEADS / kWarps; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], o));
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < HEADS / kWarps; ++i) {
+      const int e = __float_as_int(amax[i]) >> 23;  // the biased exponent (amax >= 0)
+      scale[warp + kWarps * i] = e >= 8 ? __int_as_float((261 - e) << 23) : 1.f;
+    }
+  }
+}
+
 // 2^x, the hardware approximation alone (decode_regs.exp2_approx); 0 for x = -inf (masked rows).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

@@ -62,7 +62,9 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
     """Shared memory of the decode kernel for this tile, dynamic and static (decode_regs, decode_smem)."""
     width = d_v + d_tail
     hb, br = tile.heads_per_block, tile.block_rows
-    return (2 * hb * width + 8 * hb     # Q as two e4m3 halves (decode_parts.split_q), its scales
+    # Q as two e4m3 halves (decode_parts.split_q), its scales and, where TileLang reduces them, its
+    # largest |q| a head
+    return (2 * hb * width + (4 if tile.v_in_registers else 8) * hb
             + tile.stages * br * width  # gathered fp8 rows, one buffer per stage
             + (0 if tile.v_in_registers else br * d_v * 2)  # V upcast to fp16
             + (2 * hb * 128 if tile.v_in_registers else hb * br * 2)  # P: two e4m3 halves 128 rows wide, or fp16

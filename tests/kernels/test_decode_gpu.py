@@ -169,7 +169,7 @@ def test_two_splits_merge_in_their_cluster(S, H):
 @pytest.mark.parametrize(("S", "H"), [(1, 64), (64, 64), (37, 16)])
 def test_a_short_context_stops_after_its_last_valid_row(S, H, target):
     """SGLang pads a context shorter than top-k with -1 at the tail; each split stops after its last
-    tile with a valid row (decode_parts.load_row_ids), its tiles interleaved with the other splits'.
+    tile with a valid row (decode_parts.flag_tiles), its tiles interleaved with the other splits'.
     Right for 300 valid rows of 2,048, for a query whose only valid row is the last slot of top-k,
     for one with none (zeros, lse -inf), and whatever topk_length says."""
     scale = D_V**-0.5
