@@ -96,6 +96,9 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                                                                            "'_', '.', '-')")),
     "ipv4": (_ipv4, "an IPv4 address such as 192.168.100.1"),
     "ip": (_ip, "an IP address such as 0.0.0.0 or 127.0.0.1"),
+    # the exporter's HTTP server (healthchecks/http.py) binds IPv4 sockets, and the fence admits IPv4 sources only
+    "exporter_listen": (_ipv4, ("an IPv4 address such as 0.0.0.0 (every address) or 127.0.0.1: the exporter "
+                                "listens on IPv4 only")),
     "cidrs": (_list_of(_cidr), "a list of IPv4 addresses or networks such as 10.0.0.0/24"),
     "port": (_between(1, 65535), "a TCP port, 1 to 65535"),
     "positive": (_between(1, 1 << 20), "a whole number of 1 or more"),
@@ -151,7 +154,7 @@ VARIABLES: dict[str, str] = {
     "dsaops_cluster_interface": "interface", "dsaops_cluster_address": "ipv4", "dsaops_ib_hca": "interfaces",
     "dsaops_server_container": "name", "dsaops_exporter_container": "name", "dsaops_log_dir": "path", "dsaops_config_dir": "path",
     "dsaops_server_port": "port", "dsaops_dist_init_port": "port", "dsaops_exporter_mode": "exporter_mode",
-    "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "ip", "dsaops_monitoring_allow": "cidrs",
+    "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "exporter_listen", "dsaops_monitoring_allow": "cidrs",
     "dsaops_root": "root", "dsaops_api_key": "secret", "dsaops_admin_api_key": "secret",
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
     "sglang_server_listen_host": "ip", "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dsaops.healthchecks.http import serve
 
 from dsaops.inventory_checks import KINDS, VARIABLES, names, refusal, refusals
 
@@ -99,3 +100,19 @@ def test_a_bare_yes_or_no_for_monitoring_start_says_to_quote_it(bare):
     assert line.startswith(f"monitoring_start={bare!r} is refused: it must be auto (")
     assert "'yes' or 'no' (quoted" in line and "\n" not in line
     assert refusal("monitoring_start", "yes") is None
+
+
+@pytest.mark.parametrize("host", ["::", "::1"])
+def test_an_ipv6_exporter_address_is_refused_naming_an_ipv4_one(host):
+    """The exporter would fail only once started ("Address family not supported"): the inventory says so first."""
+    assert refusal("dsaops_exporter_listen_host", host) == (
+        f"dsaops_exporter_listen_host={host!r} is refused: it must be an IPv4 address such as 0.0.0.0 (every address) "
+        "or 127.0.0.1: the exporter listens on IPv4 only.")
+    assert refusal("dsaops_exporter_listen_host", "10.0.0.5") is None
+
+
+def test_the_exporter_cannot_listen_on_ipv6_which_is_why_the_rule_refuses_it():
+    """Pins the rule to the server: once the exporter's server binds IPv6, this fails and the rule (and the fence's
+    IPv4-only sets) must change with it."""
+    with pytest.raises(OSError, match="[Aa]ddress family"):
+        serve(object(), "::1", 0).server_close()
