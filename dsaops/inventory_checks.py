@@ -153,11 +153,12 @@ VARIABLES: dict[str, str] = {
     "dsaops_weights_gib": "gib", "dsaops_max_running_requests": "positive", "dsaops_mem_fraction_static": "fraction",
     "dsaops_cluster_interface": "interface", "dsaops_cluster_address": "ipv4", "dsaops_ib_hca": "interfaces",
     "dsaops_server_container": "name", "dsaops_exporter_container": "name", "dsaops_log_dir": "path", "dsaops_config_dir": "path",
-    "dsaops_server_port": "port", "dsaops_dist_init_port": "port", "dsaops_exporter_mode": "exporter_mode",
+    "dsaops_server_port": "port", "dsaops_server_listen_host": "ip", "dsaops_dist_init_port": "port",
+    "dsaops_exporter_mode": "exporter_mode",
     "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "exporter_listen", "dsaops_monitoring_allow": "cidrs",
     "dsaops_root": "root", "dsaops_api_key": "secret", "dsaops_admin_api_key": "secret",
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
-    "sglang_server_listen_host": "ip", "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
+    "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
     "sglang_server_memory_limit": "size", "sglang_server_memory_wait_s": "seconds",
     "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
@@ -181,7 +182,8 @@ VARIABLES: dict[str, str] = {
 }
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.
-RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir"}
+RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir",
+                           "sglang_server_listen_host": "dsaops_server_listen_host"}
 _SECRETS = {"secret", "token"}     # never repeated in a message
 # The variables of those kinds: what `ps` must never show on ansible-playbook's command line (dsaops deploy)
 SECRET_VARIABLES = tuple(name for name, kind in VARIABLES.items() if kind in _SECRETS)

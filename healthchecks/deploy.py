@@ -11,10 +11,10 @@ Two containers from the serving image, each with Docker's restart policy:
   and their pids inside the server container through NSpid) and the host's cgroup namespace with
   the node's cgroup tree read-only (where an OOM kill is counted); the proxy's socket; the API key
   file read-only (for /server_info); with `kmsg`, /dev/kmsg and CAP_SYSLOG (the kernel's OOM
-  record, which names the pid). Host network (it serves /metrics and reads the server on
-  loopback), read-only root, no other capability, no new privileges. It runs as nobody; with
-  `kmsg` as uid 0 holding CAP_SYSLOG alone (Docker gives an added capability to uid 0 only), in
-  nobody's group to reach the proxy's socket.
+  record, which names the pid). Host network (it serves /metrics and reads the server at
+  `server_host`, loopback unless the server listens on one address only), read-only root, no other
+  capability, no new privileges. It runs as nobody; with `kmsg` as uid 0 holding CAP_SYSLOG alone
+  (Docker gives an added capability to uid 0 only), in nobody's group to reach the proxy's socket.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class ExporterDeployment:
     server_port: int
     listen: str
     log_file: str
+    server_host: str = "127.0.0.1"    # the URL host the server answers at from the node (dsaops.fence.probe_host)
     state_dir: str = "/var/lib/dsaops/exporter"
     run_dir: str = "/run/dsaops"
     plan: str | None = None
@@ -85,7 +86,7 @@ def exporter_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str
         options += ["--volume", f"{d.plan}:{d.plan}:ro"]
     if d.api_key_file:
         options += ["--volume", f"{d.api_key_file}:{d.api_key_file}:ro"]
-    command = ["dsaops", "exporter", "--server-url", f"http://127.0.0.1:{d.server_port}", "--log-file", d.log_file,
+    command = ["dsaops", "exporter", "--server-url", f"http://{d.server_host}:{d.server_port}", "--log-file", d.log_file,
                "--state-file", f"{d.state_dir}/state.json", "--listen", d.listen, "--node", d.node,
                "--container", d.server_container, "--docker-url", f"unix://{d.proxy_socket}",
                "--cgroup-root", CGROUP_MOUNT, "--kmsg", "/dev/kmsg" if d.kmsg else "none"]

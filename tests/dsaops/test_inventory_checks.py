@@ -75,14 +75,16 @@ def test_a_mistyped_exporter_mode_names_the_allowed_values():
 
 
 def test_the_renamed_folders_are_refused_naming_their_new_names():
-    """sglang_server_config_dir and sglang_server_log_dir became dsaops_config_dir and dsaops_log_dir
-    (the exporter reads the plan and the log there too): an inventory that still sets an old name
-    stops instead of being ignored."""
+    """sglang_server_config_dir, sglang_server_log_dir and sglang_server_listen_host became dsaops_config_dir,
+    dsaops_log_dir and dsaops_server_listen_host (the exporter reads the plan and the log in those folders, and
+    reaches the server at that address): an inventory that still sets an old name stops instead of being ignored."""
     assert refusals({"sglang_server_config_dir": "/srv/dsaops"}) == [
         "sglang_server_config_dir='/srv/dsaops' is refused: it is dsaops_config_dir now; set that instead."]
     assert refusal("sglang_server_log_dir", "/srv/logs") == (
         "sglang_server_log_dir='/srv/logs' is refused: it is dsaops_log_dir now; set that instead.")
     assert {"sglang_server_config_dir", "sglang_server_log_dir"} <= set(names("sglang_server_"))
+    assert refusal("sglang_server_listen_host", "10.0.0.5") == (
+        "sglang_server_listen_host='10.0.0.5' is refused: it is dsaops_server_listen_host now; set that instead.")
     assert refusal("sglang_server_config_dir", None) is None and refusal("dsaops_config_dir", "/srv/dsaops") is None
 
 

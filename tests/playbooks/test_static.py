@@ -1,5 +1,6 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
+import contextlib
 import http.server
 import json
 import os
@@ -14,7 +15,7 @@ import threading
 import pytest
 import yaml
 
-from dsaops import pins
+from dsaops import pins, targets
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, recap
@@ -419,13 +420,15 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
         "monitoring_grafana_admin_password_value"]
 
 
-def role_here(tmp_path, role, *flags, env=None, **extra) -> subprocess.CompletedProcess:
-    """One role on this machine (a one-node cluster reached locally), its machine-wide paths under tmp_path/root."""
+def role_here(tmp_path, role, *flags, env=None, tasks_from=None, **extra) -> subprocess.CompletedProcess:
+    """One role (or one of its task files) on this machine (a one-node cluster reached locally), its machine-wide
+    paths under tmp_path/root."""
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {"children": {
         "dsaops_head": {"hosts": {"here": {"ansible_connection": "local",
                                            "ansible_python_interpreter": sys.executable}}}}}}}}))
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "dsaops_cluster", "gather_facts": False,
-                                                         "roles": [role]}]))
+    run = ({"tasks": [{"ansible.builtin.include_role": {"name": role, "tasks_from": tasks_from}}]} if tasks_from
+           else {"roles": [role]})
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "dsaops_cluster", "gather_facts": False, **run}]))
     settings = {"dsaops_root": str(tmp_path / "root"), "dsaops_target": "sm_90", "dsaops_api_key": "k" * 20,
                 "preflight_plan": {}, **extra}
     result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
@@ -460,28 +463,52 @@ def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
     assert "/srv/dsaops-conf/exporter/api-key" in exporter and "/etc/dsaops" not in exporter
 
 
-def test_the_exporter_is_probed_at_the_address_it_listens_on(tmp_path):
-    """An exporter bound to one address answers there and nowhere else (not on 127.0.0.1): the role's probe
-    reaches a real listener on 127.0.0.2."""
-    probed = []
+@contextlib.contextmanager
+def answering(host: str):
+    """A real HTTP server on `host` (a free port) that answers every GET with 200: yields it and the paths asked."""
+    asked = []
 
-    class Metrics(http.server.BaseHTTPRequestHandler):
+    class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            probed.append(self.path)
+            asked.append(self.path)
             self.send_response(200)
             self.end_headers()
 
         def log_message(self, *args):
             pass
 
-    with http.server.HTTPServer(("127.0.0.2", 0), Metrics) as exporter:
-        threading.Thread(target=exporter.serve_forever, daemon=True).start()
+    with http.server.HTTPServer((host, 0), Answer) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            monitoring_role(tmp_path, dsaops_exporter_mode="inside", monitoring_probe_exporter=True,
-                            dsaops_exporter_listen_host="127.0.0.2", dsaops_exporter_port=exporter.server_port)
+            yield server, asked
         finally:
-            exporter.shutdown()
+            server.shutdown()
+
+
+def test_the_exporter_is_probed_at_the_address_it_listens_on(tmp_path):
+    """An exporter bound to one address answers there and nowhere else (not on 127.0.0.1): the role's probe
+    reaches a real listener on 127.0.0.2."""
+    with answering("127.0.0.2") as (exporter, probed):
+        monitoring_role(tmp_path, dsaops_exporter_mode="inside", monitoring_probe_exporter=True,
+                        dsaops_exporter_listen_host="127.0.0.2", dsaops_exporter_port=exporter.server_port)
     assert probed == ["/metrics"]
+
+
+def test_the_head_is_awaited_at_the_address_it_listens_on(tmp_path):
+    """A server bound to one address answers /health only there: the health wait reaches a real listener on
+    127.0.0.2 (with 127.0.0.1 it retries, then stops the run)."""
+    with answering("127.0.0.2") as (server, probed):
+        role_here(tmp_path, "sglang_server", tasks_from="health", preflight_targets=json.loads(targets.as_json()),
+                  sglang_server_start=True,
+                  dsaops_server_listen_host="127.0.0.2", dsaops_server_port=server.server_port,
+                  sglang_server_health_probe_timeout=1, sglang_server_health_wait_s=6)
+    assert probed == ["/health"]
+
+
+@pytest.mark.parametrize("listen_host, url", [("0.0.0.0", "http://127.0.0.1:30000"),
+                                              ("127.0.0.2", "http://127.0.0.2:30000"), ("::", "http://[::1]:30000")])
+def test_the_exporter_reads_the_server_at_the_address_it_listens_on(tmp_path, listen_host, url):
+    assert f"--server-url {shlex.quote(url)} " in render_exporter(tmp_path, dsaops_server_listen_host=listen_host)
 
 
 def test_the_download_token_goes_once_the_inventory_no_longer_gives_it(tmp_path):
