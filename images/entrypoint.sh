@@ -17,6 +17,8 @@ fi
 
 log=${DSAOPS_LOG_FILE:-/var/log/dsaops/sglang.log}
 port=${DSAOPS_SERVER_PORT:-30000}
+# Where SGLang answers from this machine: loopback unless its --host is one address (then only that; IPv6 bracketed).
+host=${DSAOPS_SERVER_HOST:-127.0.0.1}
 # The module is a setting only so the entrypoint can be exercised where SGLang cannot serve (CI).
 module=${DSAOPS_SERVER_MODULE:-sglang.launch_server}
 
@@ -78,7 +80,7 @@ if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
     [ -z "${DSAOPS_EXPORTER_PLAN:-}" ] || options+=(--plan "$DSAOPS_EXPORTER_PLAN")
     [ -z "${DSAOPS_EXPORTER_API_KEY_FILE:-}" ] || options+=(--api-key-file "$DSAOPS_EXPORTER_API_KEY_FILE")
     state="$(dirname "$log")/dsaops-exporter.state.json"
-    dsaops exporter --server-url "http://127.0.0.1:$port" --log-file "$log" --state-file "$state" \
+    dsaops exporter --server-url "http://$host:$port" --log-file "$log" --state-file "$state" \
         --listen "${DSAOPS_EXPORTER_LISTEN:-127.0.0.1:9860}" --node "${DSAOPS_NODE:-$(hostname)}" "${options[@]}" &
     exporter=$!
 fi

@@ -50,13 +50,13 @@ def metrics(port: int) -> str:
 def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
     port = free_port()
     proc = start(tmp_path, "--model-path", "/m", DSAOPS_EXPORTER="1", DSAOPS_EXPORTER_LISTEN=f"127.0.0.1:{port}",
-                 DSAOPS_NODE="node-a", DSAOPS_SERVER_PORT="31000")
+                 DSAOPS_NODE="node-a", DSAOPS_SERVER_HOST="127.0.0.2", DSAOPS_SERVER_PORT="31000")
     try:
         assert wait_for(lambda: "standin pid=" in log_of(tmp_path), 20), proc.stderr
         assert wait_for(lambda: "dsa_" in metrics(port), 30), "the exporter never answered"
         children = psutil.Process(proc.pid).children()
         exporter = next(c for c in children if "exporter" in c.cmdline())
-        assert exporter.cmdline()[-10:] == ["--server-url", "http://127.0.0.1:31000", "--log-file",
+        assert exporter.cmdline()[-10:] == ["--server-url", "http://127.0.0.2:31000", "--log-file",
                                             str(tmp_path / "log" / "sglang.log"), "--state-file",
                                             str(tmp_path / "log" / "dsaops-exporter.state.json"),
                                             "--listen", f"127.0.0.1:{port}", "--node", "node-a"]

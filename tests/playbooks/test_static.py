@@ -505,6 +505,14 @@ def test_the_head_is_awaited_at_the_address_it_listens_on(tmp_path):
     assert probed == ["/health"]
 
 
+def test_the_server_containers_checks_reach_it_at_the_address_it_listens_on(printed):
+    """The image's health check and an exporter inside the server container read DSAOPS_SERVER_HOST."""
+    assert "--env DSAOPS_SERVER_HOST=127.0.0.1 " in printed["h20-8gpu"].stdout
+    bound = print_commands("h20-8gpu", "-e", "dsaops_server_listen_host=10.0.0.5")
+    assert bound.returncode == 0, bound.stderr[-3000:]
+    assert "--host 10.0.0.5 " in bound.stdout and "--env DSAOPS_SERVER_HOST=10.0.0.5 " in bound.stdout
+
+
 @pytest.mark.parametrize("listen_host, url", [("0.0.0.0", "http://127.0.0.1:30000"),
                                               ("127.0.0.2", "http://127.0.0.2:30000"), ("::", "http://[::1]:30000")])
 def test_the_exporter_reads_the_server_at_the_address_it_listens_on(tmp_path, listen_host, url):
