@@ -24,11 +24,13 @@ module=${DSAOPS_SERVER_MODULE:-sglang.launch_server}
 
 # The health check and the exporter reach SGLang on DSAOPS_SERVER_PORT: one port, one setting.
 given=""
+given_host=""
 prev=""
 for arg in "$@"; do
     case $arg in
         --port=*) given=${arg#--port=} ;;
-        *) [ "$prev" = --port ] && given=$arg ;;
+        --host=*) given_host=${arg#--host=} ;;
+        *) case $prev in --port) given=$arg ;; --host) given_host=$arg ;; esac ;;
     esac
     prev=$arg
 done
@@ -37,6 +39,17 @@ if [ -z "$given" ]; then
 elif [ "$given" != "$port" ]; then
     echo "dsaops-entrypoint: --port $given differs from DSAOPS_SERVER_PORT=$port, which the health check" \
          "and the exporter use; run with -e DSAOPS_SERVER_PORT=$given (or drop --port)" >&2
+    exit 2
+fi
+# They reach it at DSAOPS_SERVER_HOST: a --host of one address (not 0.0.0.0 or ::, which loopback is part
+# of) answers there only, so it must be that address (compared as addresses: IPv6 has many spellings).
+if [ -n "$given_host" ] && [ "$given_host" != 0.0.0.0 ] && [ "$given_host" != :: ] \
+    && [ "$given_host" != "$host" ] \
+    && ! python3 -c 'import ipaddress as a, sys; sys.exit(a.ip_address(sys.argv[1]) != a.ip_address(sys.argv[2].strip("[]")))' \
+        "$given_host" "$host" 2>/dev/null; then
+    case $given_host in *:*) reach="[$given_host]" ;; *) reach=$given_host ;; esac
+    echo "dsaops-entrypoint: --host $given_host is not DSAOPS_SERVER_HOST=$host, where the health check and" \
+         "the exporter reach SGLang; run with -e DSAOPS_SERVER_HOST=$reach (or drop --host)" >&2
     exit 2
 fi
 

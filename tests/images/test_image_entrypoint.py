@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.images.docker_build import REPO
 from tests.support.polling import wait_for
@@ -100,6 +101,26 @@ def test_mismatched_port_is_refused_before_anything_starts(tmp_path):
     proc = start(tmp_path, "--model-path", "/m", "--port", "8000", DSAOPS_SERVER_PORT="8000", STANDIN_EXIT="0")
     assert proc.wait(timeout=30) == 0
     assert "args=--model-path /m --port 8000\n" in log_of(tmp_path)
+
+
+@pytest.mark.parametrize("flags, reach", [(["--host", "10.0.0.5"], "10.0.0.5"), (["--host=fd00::5"], "[fd00::5]")])
+def test_a_host_the_checks_do_not_reach_is_refused_before_anything_starts(tmp_path, flags, reach):
+    """SGLang bound to one address answers there only; without DSAOPS_SERVER_HOST the health check and the
+    exporter would read 127.0.0.1."""
+    proc = start(tmp_path, "--model-path", "/m", *flags)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert f"run with -e DSAOPS_SERVER_HOST={reach} (or drop --host)" in err and err.count("\n") == 1
+    assert log_of(tmp_path) == ""
+
+
+@pytest.mark.parametrize("host, env", [("127.0.0.2", {"DSAOPS_SERVER_HOST": "127.0.0.2"}),
+                                       ("FD00:0::5", {"DSAOPS_SERVER_HOST": "[fd00::5]"}),   # the playbooks' spelling
+                                       ("0.0.0.0", {}), ("::", {})])
+def test_a_host_the_checks_reach_starts_the_server(tmp_path, host, env):
+    proc = start(tmp_path, "--model-path", "/m", "--host", host, STANDIN_EXIT="0", **env)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert f"args=--model-path /m --host {host} --port 30000\n" in log_of(tmp_path)
 
 
 def test_unwritable_log_is_a_clear_error(tmp_path):
