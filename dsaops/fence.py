@@ -1,5 +1,6 @@
 """The address sets of the network role's nftables fence (playbooks/roles/network/templates/dsaops.nft.j2),
-and the address a node's own probe reaches one of its listeners at.
+and the addresses a node's listener is reached at: by a probe on the node, and by another machine
+(Prometheus on a monitoring host).
 
 Only addresses that parse as IPv4 addresses or networks reach the rule set, merged where they overlap
 (an nftables interval set refuses overlapping elements); anything else stops the run naming the value.
@@ -23,17 +24,33 @@ def nft_elements(addresses: list[str], what: str) -> str:
                      for n in ipaddress.collapse_addresses(networks))
 
 
+def _listen_address(listen_host: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(str(listen_host))
+    except ValueError:
+        raise UserError(f"{what}: {listen_host!r} is not an IP address; give one such as 0.0.0.0 or 127.0.0.1") from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def probe_host(listen_host: str, what: str) -> str:
     """The host part of a URL that reaches, from the same machine, a server listening on `listen_host`:
     loopback for a wildcard address (0.0.0.0, ::), which loopback is part of, else the address itself
     (it accepts nowhere else); IPv6 in brackets."""
-    try:
-        address = ipaddress.ip_address(str(listen_host))
-    except ValueError:
-        raise UserError(f"{what}: {listen_host!r} is not an IP address; give one such as 0.0.0.0 or 127.0.0.1") from None
+    address = _listen_address(listen_host, what)
     if address.is_unspecified:
         address = ipaddress.ip_address("127.0.0.1" if address.version == 4 else "::1")
-    return f"[{address}]" if address.version == 6 else str(address)
+    return _url_host(str(address))
+
+
+def scrape_host(listen_host: str, node_address: str, what: str) -> str:
+    """The host part of a URL that reaches, from another machine, a node's server listening on `listen_host`:
+    the one address it listens on, else (a wildcard, or loopback, which no other machine reaches: the scrape
+    fails there and says so) the node's own `node_address`; IPv6 in brackets."""
+    address = _listen_address(listen_host, what)
+    return _url_host(str(node_address) if address.is_unspecified or address.is_loopback else str(address))
 
 
 def _ipv4_of(host: str, what: str) -> str:

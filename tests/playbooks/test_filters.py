@@ -51,6 +51,16 @@ def test_a_probe_reaches_the_address_its_listener_is_bound_to(listen_host, probe
     assert library.probe_host(listen_host, "dsaops_exporter_listen_host") == probed
 
 
+@pytest.mark.parametrize("listen_host, scraped", [("0.0.0.0", "node-1.lan"), ("127.0.0.1", "node-1.lan"),
+                                                  ("10.0.0.5", "10.0.0.5"), ("::", "node-1.lan"),
+                                                  ("fd00::5", "[fd00::5]")])
+def test_a_scrape_reaches_a_nodes_listener_at_the_one_address_it_is_bound_to(listen_host, scraped):
+    """From another machine: the node's own address for a wildcard bind, or for loopback (which that machine would
+    take for its own: the scrape fails at the node instead); else the bound address, IPv6 bracketed."""
+    assert library.scrape_host(listen_host, "node-1.lan", "dsaops_exporter_listen_host") == scraped
+    assert library.scrape_host("0.0.0.0", "fd00::9", "dsaops_exporter_listen_host") == "[fd00::9]"
+
+
 def test_a_probe_host_that_is_no_address_is_named():
     with pytest.raises(AnsibleFilterError, match="dsaops_exporter_listen_host: 'exporter.lan' is not an IP address"):
         library.probe_host("exporter.lan", "dsaops_exporter_listen_host")

@@ -452,23 +452,38 @@ def render_exporter(tmp_path, **extra) -> str:
     return "\n".join(line[1:] for line in script.splitlines() if line.startswith("+") and not line.startswith("+++"))
 
 
+def render_stack(tmp_path, **extra) -> tuple[subprocess.CompletedProcess, str]:
+    """The monitoring host's stack in check mode (nothing written, nothing started): the run, and the configuration
+    files as they would render, from --diff."""
+    result = role_here(tmp_path, "monitoring", "--check", "--diff", tasks_from="stack", monitoring_start="no",
+                       **{f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
+                           ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
+                           ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))}, **extra)
+    config = result.stdout.split("TASK [monitoring : Configure Prometheus, Alertmanager and the Grafana", 1)[1]
+    return result, config.split("TASK [", 1)[0]
+
+
 @pytest.mark.parametrize("listen, address, target", [("::1", "[::1]:9093", "[::1]:9093"),
                                                     ("::", "[::]:9093", "[::1]:9093")])
 def test_alertmanager_on_ipv6_listens_and_is_reached_in_brackets(tmp_path, listen, address, target):
     """'::' written bare would be ':::9093', which neither Alertmanager nor Prometheus parses: the listen address
     and Prometheus's target (loopback for a wildcard, as the exporter's probe) carry IPv6 in brackets."""
-    result = role_here(tmp_path, "monitoring", "--check", "--diff", tasks_from="stack", monitoring_start="no",
-                       monitoring_alertmanager_listen=listen,
-                       **{f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
-                           ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
-                           ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))})
-    config = result.stdout.split("TASK [monitoring : Configure Prometheus, Alertmanager and the Grafana", 1)[1]
-    assert f'- targets: ["{target}"]' in config.split("TASK [", 1)[0]
+    result, config = render_stack(tmp_path, monitoring_alertmanager_listen=listen)
+    assert f'- targets: ["{target}"]' in config
     assert f"alerts show in Alertmanager ({address}) and go nowhere" in result.stdout
     tasks = yaml.safe_load((PLAYBOOKS / "roles/monitoring/tasks/containers.yml").read_text())
     alertmanager = next(c for c in tasks[0]["ansible.builtin.set_fact"]["monitoring_containers"]
                         if c["name"] == "dsaops-alertmanager")
     assert "--web.listen-address={{ monitoring_alertmanager_address }}" in alertmanager["args"]
+
+
+@pytest.mark.parametrize("settings, target", [({}, "here:9860"), ({"dsaops_exporter_listen_host": "10.0.0.5"},
+                                                                 "10.0.0.5:9860")])
+def test_prometheus_scrapes_an_exporter_at_the_address_it_listens_on(tmp_path, settings, target):
+    """An exporter bound to one address answers there only: Prometheus scrapes that address, else (unset: every
+    address) the node's."""
+    _, config = render_stack(tmp_path, **settings)
+    assert f'- targets: ["{target}"]' in config and '- targets: ["here:30000"]' in config
 
 
 def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):

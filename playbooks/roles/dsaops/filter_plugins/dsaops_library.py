@@ -30,6 +30,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       the addresses the monitoring hosts scrape from, plus `allow`, for the fence's set (dsaops.fence)
   listen_host | dsaops_probe_host(what)
       the URL host a probe on the same node reaches a listener on listen_host at (dsaops.fence)
+  listen_host | dsaops_scrape_host(node_address, what)
+      the URL host another machine reaches a node's listener on listen_host at (dsaops.fence)
 
 `preflight_cluster` is the inventory's cluster-wide settings as preflight/tasks/inventory.yml
 records them. The dsaops package is imported from this checkout (the folder that holds
@@ -147,6 +149,13 @@ def probe_host(listen_host, what):
         raise AnsibleFilterError(str(e)) from None
 
 
+def scrape_host(listen_host, node_address, what):
+    try:
+        return fence.scrape_host(str(listen_host), str(node_address), str(what))
+    except UserError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
 class FilterModule:
     def filters(self):
         return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image,
@@ -154,4 +163,5 @@ class FilterModule:
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
-                "dsaops_monitoring_sources": monitoring_sources, "dsaops_probe_host": probe_host}
+                "dsaops_monitoring_sources": monitoring_sources, "dsaops_probe_host": probe_host,
+                "dsaops_scrape_host": scrape_host}
