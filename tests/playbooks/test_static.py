@@ -477,13 +477,15 @@ def test_alertmanager_on_ipv6_listens_and_is_reached_in_brackets(tmp_path, liste
     assert "--web.listen-address={{ monitoring_alertmanager_address }}" in alertmanager["args"]
 
 
-@pytest.mark.parametrize("settings, target", [({}, "here:9860"), ({"dsaops_exporter_listen_host": "10.0.0.5"},
-                                                                 "10.0.0.5:9860")])
-def test_prometheus_scrapes_an_exporter_at_the_address_it_listens_on(tmp_path, settings, target):
-    """An exporter bound to one address answers there only: Prometheus scrapes that address, else (unset: every
-    address) the node's."""
+@pytest.mark.parametrize("settings, exporter, server", [
+    ({}, "here:9860", "here:30000"),
+    ({"dsaops_exporter_listen_host": "10.0.0.5"}, "10.0.0.5:9860", "here:30000"),
+    ({"dsaops_server_listen_host": "10.0.0.6"}, "here:9860", "10.0.0.6:30000")])
+def test_prometheus_scrapes_a_listener_at_the_address_it_listens_on(tmp_path, settings, exporter, server):
+    """An exporter or server bound to one address answers there only: Prometheus scrapes that address, else
+    (unset: every address) the node's."""
     _, config = render_stack(tmp_path, **settings)
-    assert f'- targets: ["{target}"]' in config and '- targets: ["here:30000"]' in config
+    assert f'- targets: ["{exporter}"]' in config and f'- targets: ["{server}"]' in config
 
 
 def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
