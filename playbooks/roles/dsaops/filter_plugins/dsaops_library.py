@@ -37,6 +37,7 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
 records them. The dsaops package is imported from this checkout (the folder that holds
 playbooks/), so an ansible installed without dsaops runs these too.
 """
+import functools
 import sys
 from pathlib import Path
 
@@ -128,32 +129,35 @@ def sglang_internal_ports(settings):
                                        attn_dp_size=int(settings["attn_dp_size"]))
 
 
+def _stops_the_run(fn):
+    """The filter raises AnsibleFilterError with the one-line message of the UserError `fn` raises."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise AnsibleFilterError(str(e)) from None
+    return wrapped
+
+
+@_stops_the_run
 def nft_elements(addresses, what):
-    try:
-        return fence.nft_elements([str(a) for a in addresses], str(what))
-    except UserError as e:
-        raise AnsibleFilterError(str(e)) from None
+    return fence.nft_elements([str(a) for a in addresses], str(what))
 
 
+@_stops_the_run
 def monitoring_sources(hosts, hostvars, allow=()):
-    try:
-        return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow])
-    except UserError as e:
-        raise AnsibleFilterError(str(e)) from None
+    return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow])
 
 
+@_stops_the_run
 def probe_host(listen_host, what):
-    try:
-        return fence.probe_host(str(listen_host), str(what))
-    except UserError as e:
-        raise AnsibleFilterError(str(e)) from None
+    return fence.probe_host(str(listen_host), str(what))
 
 
+@_stops_the_run
 def scrape_host(listen_host, node_address, what):
-    try:
-        return fence.scrape_host(str(listen_host), str(node_address), str(what))
-    except UserError as e:
-        raise AnsibleFilterError(str(e)) from None
+    return fence.scrape_host(str(listen_host), str(node_address), str(what))
 
 
 class FilterModule:
