@@ -5,7 +5,8 @@ line in memory. What it survives, and how each shows in `dsa_log_follower_events
 
 - rotation (`rotated`): the path now names another file; the old one is read to its end first.
 - truncation in place (`truncated`): the file is shorter than what was read, or its first bytes
-  changed (a truncation followed by fast writes can make it longer again before the next look).
+  changed (a truncation followed by fast writes can make it longer again before the next look, so
+  the first bytes are compared before reading on after the end was reached).
 - a FIFO or another non-regular file at the path (`not_a_file`): never opened, so never blocks.
 - a missing file (`missing`): waited for.
 - lines over `MAX_LINE` bytes (`line_dropped`): dropped.
@@ -43,6 +44,7 @@ class _File:
     def __init__(self, fd: int, st: os.stat_result, offset: int = 0):
         self.fd, self.ident, self.offset = fd, (st.st_dev, st.st_ino), offset
         self.consumed = offset       # after the last whole line handed on
+        self.at_end = False          # the last read found no more bytes
         self.head = os.pread(fd, HEAD, 0)[:offset] if offset else b""
         self.head_sha = hashlib.sha256(self.head).hexdigest()
 
@@ -134,7 +136,10 @@ class LogFollower(BackgroundLoop):
         if self._file is None and not self._next():
             return False
         f = self._file
+        if f.at_end and f.head and os.pread(f.fd, len(f.head), 0) != f.head:  # rewritten since the last look
+            return self._truncated(f)
         data = os.pread(f.fd, CHUNK, f.offset)
+        f.at_end = not data
         if data:
             if f.offset < HEAD:
                 f.head = (f.head + data)[:HEAD]
@@ -160,11 +165,15 @@ class LogFollower(BackgroundLoop):
             self._queue_newer(names[1:where])
             return self._next()
         if now.st_size < f.offset or os.pread(f.fd, len(f.head), 0) != f.head:  # truncated in place
-            self.events["truncated"] += 1
-            self._drop_partial()
-            self._file = _File(f.fd, now)
-            return True
+            return self._truncated(f)
         return False
+
+    def _truncated(self, f: _File) -> bool:
+        """Start over at the beginning of the same file, never reading on from the old offset."""
+        self.events["truncated"] += 1
+        self._drop_partial()
+        self._file = _File(f.fd, os.fstat(f.fd))
+        return True
 
     def _next(self) -> bool:
         """Close the current file; go on with the next rotated one, else the path."""
