@@ -125,6 +125,17 @@ def test_missing_file_is_counted_once_and_waited_for(tmp_path, follower):
     assert errors.counts()["log"] == 1
 
 
+def rewrite_while_held(f, log, text):
+    """Truncate `log` and write `text`, longer than what `f` had read, between two of its looks."""
+    size = log.stat().st_size
+    f._stop.set()
+    f._thread.join(5)
+    log.write_text(text)
+    assert log.stat().st_size > size
+    f._stop.clear()
+    f.start()
+
+
 def test_truncation_then_fast_writes_lose_nothing(tmp_path, follower):
     """Truncated, then written past the old offset before the next look: the size alone would not
     show it; the file's first bytes do, and the first new line is read."""
@@ -132,13 +143,7 @@ def test_truncation_then_fast_writes_lose_nothing(tmp_path, follower):
     log.write_text(kv_line(1) * 20)
     f, state, errors = follower(log)
     assert wait_for(f.caught_up.is_set, 5) and state.kv["TP0"][1] == 1
-    f._stop.set()  # hold the follower while the file is rewritten
-    f._thread.join(5)
-    text = kv_line(2, "TP2") + "".join(kv_line(100 + i, "TP3") for i in range(40))
-    log.write_text(text)
-    assert log.stat().st_size > 20 * len(kv_line(1))
-    f._stop.clear()
-    f.start()
+    rewrite_while_held(f, log, kv_line(2, "TP2") + "".join(kv_line(100 + i, "TP3") for i in range(40)))
     assert wait_for(lambda: state.kv.get("TP3", (0, 0))[1] == 139, 5)
     assert state.kv["TP2"][1] == 2  # the first line after the truncation
     assert f.events["truncated"] == 1 and errors.counts()["log"] == 0
@@ -151,12 +156,7 @@ def test_a_rewritten_file_is_never_read_from_the_old_offset(tmp_path, follower):
     log.write_text(kv_line(1) * 20)
     f, state, errors = follower(log)
     assert wait_for(f.caught_up.is_set, 5) and state.kv["TP0"][1] == 1
-    f._stop.set()  # hold the follower while the file is rewritten
-    f._thread.join(5)
-    log.write_text(L.line(L.health_failed(), ("TP0",)) * 60)
-    assert log.stat().st_size > 20 * len(kv_line(1))
-    f._stop.clear()
-    f.start()
+    rewrite_while_held(f, log, L.line(L.health_failed(), ("TP0",)) * 60)
     assert wait_for(lambda: f.events["truncated"] == 1 and state.events["health_check_failed"] >= 60, 5)
     wait_for(lambda: False, 0.3)  # several more looks: nothing counted twice
     assert state.events["health_check_failed"] == 60
