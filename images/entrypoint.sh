@@ -23,16 +23,25 @@ host=${DSAOPS_SERVER_HOST:-127.0.0.1}
 module=${DSAOPS_SERVER_MODULE:-sglang.launch_server}
 
 # The health check and the exporter reach SGLang on DSAOPS_SERVER_PORT: one port, one setting.
+# SGLang's argparse takes an option's prefix that no other option shares (--ho is --host), so an
+# argument of four characters or more that begins --host or --port counts as that option.
 given=""
 given_host=""
-prev=""
+want=""
 for arg in "$@"; do
+    case $want in port) given=$arg ;; host) given_host=$arg ;; esac
+    name=${arg%%=*}
+    option=""
+    if [ ${#name} -ge 4 ]; then
+        for flag in --host --port; do
+            [ "$name" = "${flag:0:${#name}}" ] && option=${flag#--}
+        done
+    fi
+    want=""
     case $arg in
-        --port=*) given=${arg#--port=} ;;
-        --host=*) given_host=${arg#--host=} ;;
-        *) case $prev in --port) given=$arg ;; --host) given_host=$arg ;; esac ;;
+        *=*) case $option in port) given=${arg#*=} ;; host) given_host=${arg#*=} ;; esac ;;
+        *) want=$option ;;
     esac
-    prev=$arg
 done
 if [ -z "$given" ]; then
     set -- "$@" --port "$port"

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.images.docker_build import REPO
+from tests.support import sglang_definitions
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
 
@@ -103,7 +104,34 @@ def test_mismatched_port_is_refused_before_anything_starts(tmp_path):
     assert "args=--model-path /m --port 8000\n" in log_of(tmp_path)
 
 
-@pytest.mark.parametrize("flags, reach", [(["--host", "10.0.0.5"], "10.0.0.5"), (["--host=fd00::5"], "[fd00::5]")])
+@pytest.mark.parametrize("flag", ["--por", "--po=", "--port="])
+def test_an_abbreviated_port_counts_as_the_port(tmp_path, flag):
+    """SGLang's argparse reads --por as --port: one that differs is refused, not left beside the
+    --port the entrypoint would add (argparse would take the last, silently)."""
+    args = [flag + "8000"] if flag.endswith("=") else [flag, "8000"]
+    proc = start(tmp_path, "--model-path", "/m", *args)
+    assert proc.wait(timeout=30) == 2
+    assert "run with -e DSAOPS_SERVER_PORT=8000" in proc.stderr.read()
+    proc = start(tmp_path, "--model-path", "/m", *args, DSAOPS_SERVER_PORT="8000", STANDIN_EXIT="0")
+    assert proc.wait(timeout=30) == 0
+    assert f"args=--model-path /m {' '.join(args)}\n" in log_of(tmp_path)
+
+
+def test_the_abbreviations_read_are_those_sglang_reads():
+    """The pinned SGLang parses with argparse's default abbreviations; a prefix the entrypoint reads as
+    --host or --port either means that option to SGLang or is one SGLang refuses as ambiguous."""
+    source = sglang_definitions.source_file("srt/server_args.py").read_text()
+    assert 'argparse.ArgumentParser(prog="sglang serve")' in source and "allow_abbrev" not in source
+    flags = sglang_definitions.cli_flags()
+    for option in ("--host", "--port"):
+        for end in range(4, len(option) + 1):
+            sharing = {flag for flag in flags if flag.startswith(option[:end])}
+            assert option in sharing, option
+            assert sharing == {option} or option[:end] == "--po", sharing  # --po: --post-capture-kv-sizing too
+
+
+@pytest.mark.parametrize("flags, reach", [(["--host", "10.0.0.5"], "10.0.0.5"), (["--host=fd00::5"], "[fd00::5]"),
+                                          (["--ho", "10.0.0.6"], "10.0.0.6"), (["--hos=10.0.0.7"], "10.0.0.7")])
 def test_a_host_the_checks_do_not_reach_is_refused_before_anything_starts(tmp_path, flags, reach):
     """SGLang bound to one address answers there only; without DSAOPS_SERVER_HOST the health check and the
     exporter would read 127.0.0.1."""
