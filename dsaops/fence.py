@@ -35,6 +35,11 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def listen_address(listen_host: str, port: int, what: str) -> str:
+    """`listen_host:port` as a server's listen flag takes it (--web.listen-address): IPv6 in brackets."""
+    return f"{_url_host(str(_listen_address(listen_host, what)))}:{int(port)}"
+
+
 def probe_host(listen_host: str, what: str) -> str:
     """The host part of a URL that reaches, from the same machine, a server listening on `listen_host`:
     loopback for a wildcard address (0.0.0.0, ::), which loopback is part of, else the address itself

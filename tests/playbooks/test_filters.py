@@ -61,6 +61,14 @@ def test_a_scrape_reaches_a_nodes_listener_at_the_one_address_it_is_bound_to(lis
     assert library.scrape_host("0.0.0.0", "fd00::9", "dsaops_exporter_listen_host") == "[fd00::9]"
 
 
+@pytest.mark.parametrize("listen_host, address", [("127.0.0.1", "127.0.0.1:9093"), ("::", "[::]:9093"),
+                                                  ("fd00::5", "[fd00::5]:9093")])
+def test_a_listen_address_brackets_ipv6(listen_host, address):
+    assert library.listen_address(listen_host, 9093, "monitoring_alertmanager_listen") == address
+    with pytest.raises(AnsibleFilterError, match="monitoring_alertmanager_listen: 'am.lan' is not an IP address"):
+        library.listen_address("am.lan", 9093, "monitoring_alertmanager_listen")
+
+
 def test_a_probe_host_that_is_no_address_is_named():
     with pytest.raises(AnsibleFilterError, match="dsaops_exporter_listen_host: 'exporter.lan' is not an IP address"):
         library.probe_host("exporter.lan", "dsaops_exporter_listen_host")

@@ -28,6 +28,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       IPv4 addresses and networks, checked and merged for an nftables set (dsaops.fence)
   monitoring_hosts | dsaops_monitoring_sources(hostvars, allow)
       the addresses the monitoring hosts scrape from, plus `allow`, for the fence's set (dsaops.fence)
+  listen_host | dsaops_listen_address(port, what)
+      listen_host:port as a listen flag takes it, IPv6 in brackets (dsaops.fence)
   listen_host | dsaops_probe_host(what)
       the URL host a probe on the same node reaches a listener on listen_host at (dsaops.fence)
   listen_host | dsaops_scrape_host(node_address, what)
@@ -151,6 +153,11 @@ def monitoring_sources(hosts, hostvars, allow=()):
 
 
 @_stops_the_run
+def listen_address(listen_host, port, what):
+    return fence.listen_address(str(listen_host), port, str(what))
+
+
+@_stops_the_run
 def probe_host(listen_host, what):
     return fence.probe_host(str(listen_host), str(what))
 
@@ -167,5 +174,6 @@ class FilterModule:
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
-                "dsaops_monitoring_sources": monitoring_sources, "dsaops_probe_host": probe_host,
+                "dsaops_monitoring_sources": monitoring_sources, "dsaops_listen_address": listen_address,
+                "dsaops_probe_host": probe_host,
                 "dsaops_scrape_host": scrape_host}
