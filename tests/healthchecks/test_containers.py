@@ -64,7 +64,7 @@ def test_restart_loop_exit_code_and_oom(engine):
     if out[killed] != 1:  # the container allocates after its pause
         wait_for(lambda: collect(["oom"], engine["url"])[0].get(killed) == 1, 20, 0.5)
         out, errors = collect(["loop", "oom", "calm"], engine["url"])
-    assert out[killed] == 1
+    assert out[killed] == 1, d("inspect", "--format", "{{json .State}}", "oom").stdout  # what the engine recorded
     assert out['dsa_container_exit_code{container="oom",node="n1"}'] == 137
     assert out['dsa_container_running{container="calm",node="n1"}'] == 1
     assert out['dsa_container_restarts_total{container="calm",node="n1"}'] == 0
