@@ -49,11 +49,12 @@ def collect(names, url, errors=None):
 
 def test_restart_loop_exit_code_and_oom(engine):
     d = engine["docker"]
-    d("run", "-d", "--network", "none", "--restart", "on-failure:20", "--name", "loop", IMAGE, "/bin/sh", "-c", "exit 3")
     d("run", "-d", "--network", "none", "--memory", "8m", "--memory-swap", "8m", "--name", "oom", IMAGE,
-      # The pause lets containerd register its OOM listener first: a kill in the task's first
-      # milliseconds can go unrecorded, and OOMKilled stays false.
-      "/bin/sh", "-c", 'sleep 2; x=$(/bin/busybox head -c 200000000 /dev/zero | /bin/busybox tr "\\0" a)')
+      # The pause lets containerd register its OOM listener first: a kill before that goes
+      # unrecorded (exit code 137, OOMKilled false). On a loaded 2-core machine 2 s was not always
+      # enough; the container starts before the restart loop's churn for the same reason.
+      "/bin/sh", "-c", 'sleep 6; x=$(/bin/busybox head -c 200000000 /dev/zero | /bin/busybox tr "\\0" a)')
+    d("run", "-d", "--network", "none", "--restart", "on-failure:20", "--name", "loop", IMAGE, "/bin/sh", "-c", "exit 3")
     d("run", "-d", "--network", "none", "--name", "calm", IMAGE, "/bin/sh", "-c", "sleep 600")
     restarts = 'dsa_container_restarts_total{container="loop",node="n1"}'
     assert wait_for(lambda: collect(["loop"], engine["url"])[0].get(restarts, 0) >= 3, 30, 0.5)
