@@ -164,7 +164,7 @@ class LogFollower(BackgroundLoop):
             where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), 1)
             self._queue_newer(names[1:where])
             return self._next()
-        if now.st_size < f.offset or os.pread(f.fd, len(f.head), 0) != f.head:  # truncated in place
+        if now.st_size < f.offset:  # truncated in place (changed first bytes: the next step's look)
             return self._truncated(f)
         return False
 
