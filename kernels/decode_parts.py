@@ -53,12 +53,10 @@ def decode_kernel(heads_per_block: int, d_v: int, d_tail: int, fp8_dtype: str, t
         lse: T.Tensor([S, out_heads], T.float32),
     ):
         # the head block is the fastest axis: a query's head blocks run together and the later ones
-        # find its rows in L2 (H200, H = 128: 3% faster at S = 256); cluster pairs keep the query
-        # fastest (1.3% slower at S = 64 the other way). cluster_dims (1, 1, 1) is a plain launch
-        head_blocks = T.ceildiv(H, heads_per_block)
-        with T.ClusterKernel(*((S, head_blocks) if pairs else (head_blocks, S)), 2 if pairs else split_heads // H,
-                             cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (first, second, sp):
-            s_i, hb = (first, second) if pairs else (second, first)
+        # find its rows in L2 (H200, H = 128: 3% faster at S = 256). cluster_dims (1, 1, 1) is a
+        # plain launch
+        with T.ClusterKernel(T.ceildiv(H, heads_per_block), S, 2 if pairs else split_heads // H,
+                             cluster_dims=(1, 1, 2 if pairs else 1), threads=threads) as (hb, s_i, sp):
             if pdl:
                 overlap_launches()
             # once: inlined, the division ran at every row id's address (a 64-bit division call)

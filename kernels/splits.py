@@ -1,8 +1,8 @@
 """How many splits of top-k a decode call runs: the count a model of waves finishes soonest.
 
 A call runs S x (head blocks) x n blocks. Each SM holds one (every tile's shared memory is over
-half an SM's), and the GPU starts them in grid order (head block fastest, then query, then split;
-a cluster pair's query before its head block) as SMs free up. Split k of n owns the query's tiles k, k + n, ... (decode_parts.load_row_ids), so
+half an SM's), and the GPU starts them in grid order (head block fastest, then query, then split)
+as SMs free up. Split k of n owns the query's tiles k, k + n, ... (decode_parts.load_row_ids), so
 n need not divide the tiles and splits differ by at most one tile. A block costs its tiles plus a
 fixed part (the q split, the row ids, the first gather's latency, the store); more than two
 splits cost the merge kernel, which reads every split's partial back (64 KB a 64-head block), and
