@@ -106,12 +106,10 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
     heads, D = q_scale.shape[0], q_hi.shape[1]
     Dt = 0 if qt_hi is None else qt_hi.shape[1]
     q_f = T.alloc_fragment([heads, D], T.bfloat16)
-    for h, d in T.Parallel(heads, D):
-        q_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, d], 0)
+    load_heads(q, q_f, 0, H, s_i, h0)
     if Dt:
         qt_f = T.alloc_fragment([heads, Dt], T.bfloat16)
-        for h, d in T.Parallel(heads, Dt):
-            qt_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, D + d], 0)
+        load_heads(q, qt_f, D, H, s_i, h0)
     if q_amax is None:
         T.call_extern("handle", f"dsaops_pv::head_scales<{heads}, {D + Dt}>", T.access_ptr(q[s_i, h0, 0], "r"),
                       T.min(heads, H - h0), T.access_ptr(q_scale, "w"))
@@ -127,21 +125,31 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
                 q_amax[h] = T.max(q_amax[h], amax_t[h])
         for h in T.Parallel(heads):
             q_scale[h] = pow2_scale(q_amax[h])
-    for h, d in T.Parallel(heads, D):
-        x = q_f[h, d].astype(T.float32) * q_scale[h]
-        q_hi[h, d] = x.astype(q_hi.dtype)
-        if q_lo is None:
-            q_hi[heads + h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_hi.dtype)
-        else:
-            q_lo[h, d] = (x - x.astype(q_hi.dtype).astype(T.float32)).astype(q_lo.dtype)
+    store_halves(q_f, q_scale, q_hi, q_lo)
     if Dt:
-        for h, d in T.Parallel(heads, Dt):
-            x = qt_f[h, d].astype(T.float32) * q_scale[h]
-            qt_hi[h, d] = x.astype(qt_hi.dtype)
-            if qt_lo is None:
-                qt_hi[heads + h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_hi.dtype)
-            else:
-                qt_lo[h, d] = (x - x.astype(qt_hi.dtype).astype(T.float32)).astype(qt_lo.dtype)
+        store_halves(qt_f, q_scale, qt_hi, qt_lo)
+
+
+@T.macro
+def load_heads(q, x_f, first, H, s_i, h0):
+    """Columns first.. of q's heads h0.. (query s_i) into the [heads, width] fragment x_f, heads past
+    H as zeros."""
+    for h, d in T.Parallel(*x_f.shape):
+        x_f[h, d] = T.if_then_else(h0 + h < H, q[s_i, h0 + h, first + d], 0)
+
+
+@T.macro
+def store_halves(x_f, q_scale, hi, lo):
+    """hi = e4m3(x), lo = e4m3(x - hi) for x = x_f times its head's scale (split_q); lo None: lo at
+    hi's rows heads.. (the stacked operands)."""
+    heads, width = x_f.shape
+    for h, d in T.Parallel(heads, width):
+        x = x_f[h, d].astype(T.float32) * q_scale[h]
+        hi[h, d] = x.astype(hi.dtype)
+        if lo is None:
+            hi[heads + h, d] = (x - x.astype(hi.dtype).astype(T.float32)).astype(hi.dtype)
+        else:
+            lo[h, d] = (x - x.astype(hi.dtype).astype(T.float32)).astype(lo.dtype)
 
 
 @T.macro
