@@ -9,7 +9,6 @@ import ipaddress
 import socket
 import tempfile
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -121,14 +120,12 @@ def test_without_the_pinned_nccl_port_one_node_opens_a_random_one():
 
 def test_the_zeromq_allowlist_the_playbooks_set_is_sglangs():
     """Ports SGLang draws at random cannot be fenced by number: its ZeroMQ sockets on them admit only the peers
-    in SGLANG_ZMQ_ALLOWED_PEERS (comma-separated), which the sglang_server role sets with SGLANG_ZMQ_SOURCE_IP.
-    Pinned to the wheel: the variables, their parsing, and the attention-DP worker sockets that use them."""
+    in SGLANG_ZMQ_ALLOWED_PEERS (comma-separated), which the sglang_server role sets with SGLANG_ZMQ_SOURCE_IP
+    (the rendered commands: tests/playbooks/test_static.py). Pinned to the wheel: the variables, their parsing,
+    and the attention-DP worker sockets that use them."""
     environ = source_file("srt/environ.py").read_text()
     assert "SGLANG_ZMQ_ALLOWED_PEERS = EnvTuple(tuple())" in environ and "SGLANG_ZMQ_SOURCE_IP = EnvStr(None)" in environ
     parse = lift(source_file("srt/environ.py"), ["EnvTuple.parse"])["parse"]
     assert parse(None, "127.0.0.1,192.168.100.1, 192.168.100.2") == ("127.0.0.1", "192.168.100.1", "192.168.100.2")
     controller = source_file("srt/managers/data_parallel_controller.py").read_text()
     assert "get_zmq_socket_on_host(\n                    self.context, zmq.PUSH, host=bind_host, restrict_peers=True" in controller
-    role = (Path(__file__).parents[2] / "playbooks/roles/sglang_server/vars/main.yml").read_text()
-    assert "'SGLANG_ZMQ_ALLOWED_PEERS': (['127.0.0.1'] + groups['dsaops_cluster']" in role
-    assert "'SGLANG_ZMQ_SOURCE_IP': dsaops_cluster_address" in role

@@ -79,6 +79,7 @@ def test_print_commands_dgx_spark_2x(printed):
         for expected in (f"--node-rank {rank}", "--nnodes 2", "--dist-init-addr 192.168.100.1:25000", "--tp-size 2",
                          "--kv-cache-dtype fp8_e4m3", "--dsa-prefill-backend tilelang",
                          "--dsa-decode-backend tilelang", "--enable-metrics", f"SGLANG_HOST_IP={address}",
+                         f"SGLANG_ZMQ_SOURCE_IP={address}", "SGLANG_ZMQ_ALLOWED_PEERS=127.0.0.1,192.168.100.1,192.168.100.2",
                          "NCCL_SOCKET_IFNAME=enp1s0f0np0", "GLOO_SOCKET_IFNAME=enp1s0f0np0",
                          "TP_SOCKET_IFNAME=enp1s0f0np0", "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0",
                          "NCCL_CUMEM_ENABLE=0", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -311,6 +312,17 @@ def test_one_target_and_image_on_every_node(tmp_path):
     result = print_commands(str(path))
     assert result.returncode != 0
     assert f"image differs between nodes ({{'spark-1': '{image_name('sm_121')}', 'spark-2': 'mine:1'}})" in \
+        " ".join(result.stderr.split())
+
+
+def test_two_nodes_on_one_cluster_address_are_refused(tmp_path):
+    path = tmp_path / "one-address.yml"
+    path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
+        "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.1"))
+    result = print_commands(str(path))
+    assert result.returncode != 0
+    assert ("dsaops_cluster_address must be each node's own address on the cluster link (distinct, not loopback with "
+            "more than one node); got {'spark-1': '192.168.100.1', 'spark-2': '192.168.100.1'}") in \
         " ".join(result.stderr.split())
 
 
