@@ -86,13 +86,17 @@ REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
 NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 # Each 128-row tile above as a cluster of two splits that merge through distributed shared memory:
 # the dispatch's kernel where a call has two splits (no merge kernel, no partial through L2). The
-# 64-row tile never gets two splits (too_few_queries leaves at most 8 blocks, which take 16 or more).
+# 64-row tile never gets two splits (too_few_queries leaves at most 2 blocks, which take 32).
 PAIRED = {tile: dataclasses.replace(tile, pairs=True) for tile in (REGISTER_V_TILE, *NARROW_TILES.values())}
 
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
-    """Whether S queries leave SMs idle even with one block for every 128 top-k rows of a query."""
-    return S * -(-heads // REGISTER_V_TILE.heads_per_block) * -(-topk // REGISTER_V_TILE.block_rows) < sm_count
+    """Whether S queries are so few that the 64-row tile, with twice the splits, beats the 128-row
+    tiles: one block for every 128 top-k rows of each 64-head block fills at most a quarter of the
+    SMs. On the H200 (132 SMs, top-k 2048) the 64-row tile's 32 splits run H = 64 at S = 1 and 2
+    in 12.3 and 13.2 us against 13.4 and 13.8 for 16 one-tile splits of 128 rows, which are faster
+    from S = 3 (14.3 against 15.2 us), where the merge reads 32 partials a query."""
+    return 4 * S * -(-heads // REGISTER_V_TILE.heads_per_block) * -(-topk // REGISTER_V_TILE.block_rows) <= sm_count
 
 
 @dataclass(frozen=True)
@@ -120,16 +124,19 @@ def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_q
 
     d_tail: the MLA layout's tail (the dispatch passes the call's; 64 by default, the larger).
     row_scaled: a tile for the row-scaled layout (decode_smem, V upcast in shared memory).
-    few_queries: the batch is too small to fill the GPU with the large tile's splits (too_few_queries).
+    few_queries: the batch is too small for the 128-row tiles (too_few_queries).
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
     if target.has("wgmma") and not row_scaled:
         # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
-        # 64. A batch too small to fill the SMs takes the 64-row tile, its heads padded to wgmma's M
-        # of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup). So does a 64-head block
-        # with a d_tail: two 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
-        preferred = REGISTER_V_TILE_FEW_QUERIES if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
+        # 64. With too few queries a 32- or 64-head block takes the 64-row tile, its heads padded to
+        # wgmma's M of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup). A 16-head block
+        # keeps its tile: 16 one-tile splits ran H = 16 at S = 1 to 8 in 10.1-13.5 us on the H200,
+        # the padded tile in 11.4-16.3. A 64-head block with a d_tail takes the 64-row tile too: two
+        # 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
+        padded = few_queries and hb > 16
+        preferred = REGISTER_V_TILE_FEW_QUERIES if padded else NARROW_TILES.get(hb, REGISTER_V_TILE)
         for tile in (preferred, REGISTER_V_TILE_FEW_QUERIES):
             if smem_bytes(tile, d_tail) <= budget:
                 return tile
