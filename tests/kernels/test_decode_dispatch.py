@@ -148,6 +148,16 @@ def test_the_split_fills_the_waves_of_sms(S, want):
         assert split_time(S, 64, steps, tile, 132, n) < 0.85 * one
 
 
+@pytest.mark.parametrize(("S", "heads", "want"), [(24, 16, 4), (36, 16, 3), (70, 16, 3), (136, 16, 3), (150, 16, 3),
+                                                  (210, 32, 1), (96, 64, 1), (48, 128, 1)])
+def test_the_wave_model_picks_the_split_count_measured_fastest(S, heads, want):
+    """H200, top-k 2048, 128-row tiles: batch sizes where a block's fixed part of half a tile or of
+    a whole one changes the model's split count; each `want` ran fastest of the counts forced there
+    (docs/perf-log/2026-12-02.md), 3-18% ahead of the other."""
+    tile = tiles.choose(targets.get("sm_90"), heads, d_tail=0)
+    assert choose_split(S, heads, 2048 // tile.block_rows, tile, sm_count=132) == want
+
+
 def test_the_wave_model():
     """split_time in tile times: whole waves of blocks, half the slots for cluster pairs, the merge's
     launch and reads for more splits; splits of unequal tiles (n not dividing the tiles) end with
