@@ -18,8 +18,8 @@ from dsaops.kernels import tiles
 
 # A block's fixed part, in 128-row tile times (~4 us a 64-head 128-row tile): a block past a full wave
 # measured ~3.5 us more than its tiles. With 0.75 instead of 0.5 the model picks what ran fastest on the
-# H200 where the two differ (docs/perf-log/2026-12-02.md): 8-18% faster at H = 16, S = 24 to 70, 10-12%
-# at H = 64, S = 90 to 99 and H = 128, S = 45 to 49; 2% slower at H = 32, S = 140
+# H200 where the two differ (docs/perf-log/2026-12-02.md): 8-18% faster at H = 16, S = 24 to 70, 10-13%
+# at H = 64, S = 90 and 96 and H = 128, S = 48; 2% slower at H = 32, S = 140
 BLOCK_FIXED = 0.75
 # The merge kernel: its launch, mostly hidden by programmatic dependent launch, and the read of one
 # 64-head split partial (64 KB) at a fair share of HBM, in 128-row tile times of a 64-head block
