@@ -199,6 +199,20 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=kv_scale)
 
 
+def choose_plan(target, S: int, H: int, topk: int, d_tail: int, sm_count: int, row_scaled: bool = False,
+                tile=None):
+    """(tile, split count) of a call shape on `target` with sm_count SMs: the batch size picks between
+    Hopper's tiles (tiles.too_few_queries), the wave model the splits; two splits of a tile in
+    tiles.PAIRED run its cluster, which merges them itself. tile: forced (benchmarks, tests).
+    No GPU needed: _plan's choice, which the dispatch tests check."""
+    few = tiles.too_few_queries(S, H, topk, sm_count)
+    tile = tile or tiles.choose(target, H, d_tail=d_tail, row_scaled=row_scaled, few_queries=few)
+    n_split = 2 if tile.pairs else splits.choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
+    if n_split == 2 and tile in tiles.PAIRED:
+        tile = tiles.PAIRED[tile]
+    return tile, n_split
+
+
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool,
           target_name: str | None = None):
@@ -214,12 +228,7 @@ def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, ti
     target, sm_count = _device_facts(device_index)
     if target_name is not None:
         target = kernel_target(target_name)
-    # the batch size picks between Hopper's two tiles
-    few = tiles.too_few_queries(S, H, topk, sm_count)
-    tile = tile or tiles.choose(target, H, d_tail=width - d_v, row_scaled=row_scaled, few_queries=few)
-    n_split = 2 if tile.pairs else splits.choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
-    if n_split == 2 and tile in tiles.PAIRED:  # two splits: the cluster that merges them itself
-        tile = tiles.PAIRED[tile]
+    tile, n_split = choose_plan(target, S, H, topk, width - d_v, sm_count, row_scaled, tile)
     # every split owns as many tiles; the kernel reads positions past top-k as -1 and stops after a
     # split's last tile with a valid row, so top-k is never padded here
     split_rows = -(-topk // (tile.block_rows * n_split)) * tile.block_rows

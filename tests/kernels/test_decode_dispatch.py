@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from dsaops.kernels import decode_supported, splits, tiles
+from dsaops.kernels import decode, decode_supported, splits, tiles
 from dsaops.kernels.splits import choose_split, split_time
 
 from dsaops import targets
@@ -87,8 +87,6 @@ def test_two_splits_run_as_a_cluster_of_the_hopper_128_row_tiles():
 
 
 def test_a_cluster_pair_needs_the_register_accumulator():
-    from dsaops.kernels import decode
-
     for name in ("sm_121", "sm_90"):
         t = targets.get(name)
         tile = dataclasses.replace(tiles.choose(t, 64, row_scaled=True), pairs=True)
@@ -111,15 +109,11 @@ def test_few_queries_is_when_128_row_splits_fill_a_quarter_of_the_sms(S, heads, 
 def test_small_batches_take_the_tile_and_splits_measured_fastest(S, heads, want):
     """(heads a block, rows a tile, splits) at top-k 2048 on the H200's 132 SMs, each the fastest of
     the 64-row and 128-row tiles at 8 to 32 splits there (docs/perf-log/2026-12-02.md)."""
-    few = tiles.too_few_queries(S, heads, 2048, sm_count=132)
-    tile = tiles.choose(targets.get("sm_90"), heads, d_tail=0, few_queries=few)
-    n = choose_split(S, heads, 2048 // tile.block_rows, tile, sm_count=132)
+    tile, n = decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)
     assert (tile.heads_per_block, tile.block_rows, n) == want
 
 
 def test_v_in_registers_is_refused_where_it_was_not_written_for():
-    from dsaops.kernels import decode
-
     for tile, row_scaled in ((tiles.REGISTER_V_TILE, True), (dataclasses.replace(tiles.REGISTER_V_TILE, block_rows=32), False),
                              (dataclasses.replace(tiles.REGISTER_V_TILE, heads_per_block=8), False),
                              (tiles.NARROW_TILES[16], True),
@@ -154,8 +148,7 @@ def test_the_wave_model_picks_the_split_count_measured_fastest(S, heads, want):
     """H200, top-k 2048, 128-row tiles: batch sizes where a block's fixed part of half a tile or of
     a whole one changes the model's split count; each `want` ran fastest of the counts forced there
     (docs/perf-log/2026-12-02.md), 3-18% ahead of the other."""
-    tile = tiles.choose(targets.get("sm_90"), heads, d_tail=0)
-    assert choose_split(S, heads, 2048 // tile.block_rows, tile, sm_count=132) == want
+    assert decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)[1] == want
 
 
 def test_the_wave_model():
