@@ -42,6 +42,13 @@ def fp8_halves(p, dtype):
     return hi, (p.astype(T.float16) - hi.astype(T.float16)).astype(dtype)
 
 
+def k_position(row):
+    """Where P of tile row `row` sits along P.V's k: row bits (r4, r3, r2, r1, r0) at position bits
+    (r4, r2, r1, r3, r0), the order pv_registers.cuh's v_fragment reads V in (k_row), which keeps its
+    loads free of bank conflicts. Bits above r4 stay (each 32-row k-step is its own)."""
+    return row // 16 * 16 + row // 2 % 4 * 4 + row // 8 % 2 * 2 + row % 2
+
+
 def exp2_approx(x):
     """2^x by the hardware approximation (ex2.approx.ftz, pv_registers.cuh): exp2f adds a range
     check and two multiplies a value for results below 2^-126, which P.V cannot see anyway."""
@@ -162,11 +169,12 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             for h in T.Parallel(HB):
                 alpha_s[h] = alpha[h]
             T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
-            # P^T's rows are the heads: [h, r] of a score fragment [r, h] (narrow) or [h, r]
+            # P^T's rows are the heads: [h, r] of a score fragment [r, h] (narrow) or [h, r], each
+            # row at its k_position
             for i, j in T.Parallel(*score_shape):
                 hi, lo = fp8_halves(acc_s[i, j], fp8_dtype)
-                p_s[0, j if narrow else i, i if narrow else j] = hi
-                p_s[1, j if narrow else i, i if narrow else j] = lo
+                p_s[0, j if narrow else i, k_position(i if narrow else j)] = hi
+                p_s[1, j if narrow else i, k_position(i if narrow else j)] = lo
             # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
             T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}, {pv_fragments}>", T.address_of(acc_o[0]),
                           T.access_ptr(k_s, "r"), T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))

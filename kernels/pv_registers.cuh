@@ -59,17 +59,25 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&row)[4], uint32_t 
   col[3] = __byte_perm(c23_r01, c23_r23, 0x7632);
 }
 
+// Which tile row k-position k of a k-step (bits k4..k0) stands for is ours to choose too, as long as
+// P is stored in the same order (decode_regs.k_position): row bits (k4, k1, k3, k2, k0). Lane l
+// holds positions 16p + 4(l % 4) + j; so one load (fixed p, j) reads rows 2(l % 4) apart, whose
+// swizzles (row % 8) put each half-warp's four rows in four different 32-byte bank groups. With
+// rows 4 apart (positions in row order), rows 8 apart shared their banks: two wavefronts a
+// half-warp instead of one, a quarter of the kernel's shared-load wavefronts.
+__device__ __forceinline__ int k_row(int p, int j) { return 16 * p + 8 * (j >> 1) + 2 * (threadIdx.x & 3) + (j & 1); }
+
 // The A fragments of k-step kk (rows 32kk..32kk+31 of the tile) for the four m-tiles: register
-// 2p + i of m-tile t holds rows r + 16p .. r + 16p + 3, column 2t + i, r = 32kk + 4(l % 4).
+// 2p + i of m-tile t holds rows 32kk + k_row(p, 0..3), column 2t + i.
 template <int ROWS>
 __device__ __forceinline__ void v_fragment(uint32_t (&a)[4][4], const uint8_t* tile, int kk) {
-  const int r = kk * 32 + 4 * (threadIdx.x & 3), c = first_column();
+  const int c = first_column();
 #pragma unroll
   for (int p = 0; p < 2; ++p) {
     uint32_t left[4], right[4], cols[8];  // columns c..c+3 and c+4..c+7 of four rows; then by column
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint2 v = *reinterpret_cast<const uint2*>(tile + kv_offset<ROWS>(r + 16 * p + j, c));
+      const uint2 v = *reinterpret_cast<const uint2*>(tile + kv_offset<ROWS>(32 * kk + k_row(p, j), c));
       left[j] = v.x;
       right[j] = v.y;
     }
