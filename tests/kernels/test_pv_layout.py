@@ -2,6 +2,7 @@
 (k_position) are one order, and its 8-byte shared loads are free of bank conflicts. The .cuh's
 index functions are evaluated here as written (their C expressions are valid Python), so an edit
 to either side that breaks the pairing or brings the conflicts back fails on the CPU."""
+import itertools
 import re
 
 import pytest
@@ -45,18 +46,13 @@ def worst_conflict(row_of):
     """The most distinct 4-byte words any bank serves in one half-warp's 8-byte loads of v_fragment
     (every warp, k-step, p and j): 1 is conflict-free."""
     worst = 0
-    for warp in range(8):
-        for kk in range(4):
-            for p in range(2):
-                for j in range(4):
-                    for half in range(2):
-                        words = {}
-                        for lane in range(16 * half, 16 * half + 16):
-                            t = 32 * warp + lane
-                            offset = KV_OFFSET(r=32 * kk + row_of(p=p, j=j, t=t), c=FIRST_COLUMN(t=t))
-                            for word in (offset // BANK_BYTES, offset // BANK_BYTES + 1):
-                                words.setdefault(word % BANKS, set()).add(word)
-                        worst = max(worst, *(len(w) for w in words.values()))
+    for half_warp, kk, p, j in itertools.product(range(16), range(4), range(2), range(4)):
+        words = {}
+        for t in range(16 * half_warp, 16 * half_warp + 16):
+            offset = KV_OFFSET(r=32 * kk + row_of(p=p, j=j, t=t), c=FIRST_COLUMN(t=t))
+            for word in (offset // BANK_BYTES, offset // BANK_BYTES + 1):
+                words.setdefault(word % BANKS, set()).add(word)
+        worst = max(worst, *(len(w) for w in words.values()))
     return worst
 
 
