@@ -244,14 +244,29 @@ def flag_tiles(ids, masked, live):
 
 
 @T.macro
-def gather(kv, ids, base, k_s, kt_s):
+def gather(kv, ids, base, k_s, kt_s, ids_in_registers=False):
     """Tile rows ids[base..] of kv into k_s (the first d_v columns) and kt_s (the tail, or None).
     Row ids index kv unclamped: TileLang's bounds guard then predicates each cp.async on
     0 <= id < slots and zero-fills masked (-1) rows, so they are never read, V needs no mask, and a
-    NaN in slot 0 cannot leak (tests/kernels/test_decode_gpu.py puts one there)."""
+    NaN in slot 0 cannot leak (tests/kernels/test_decode_gpu.py puts one there).
+
+    ids_in_registers: warp w copies rows w * rows / 8.. (a lane 16 bytes of each 512-byte row: the
+    loop's partition over 256 threads), their ids first loaded into registers, four to a 16-byte
+    load. Read inside the copy, each row's id waited for its shared load one row at a time: ptxas
+    keeps a shared load after the previous row's cp.async, which writes shared memory. The caller's
+    pipeline must give the ids' load the copy's stage (decode_regs.loop_schedule)."""
     rows, cols = k_s.shape
-    for r, d in T.Parallel(rows, cols):
-        k_s[r, d] = kv[ids[base + r], 0, d]
+    if ids_in_registers:
+        per_warp = rows // 8
+        rid = T.alloc_local([per_warp], T.int32)
+        warp = T.get_thread_binding() // 32
+        for i in T.unroll(per_warp):
+            rid[i] = ids[base + warp * per_warp + i]
+        for i, w, d in T.Parallel(per_warp, 8, cols):
+            k_s[w * per_warp + i, d] = kv[rid[i], 0, d]
+    else:
+        for r, d in T.Parallel(rows, cols):
+            k_s[r, d] = kv[ids[base + r], 0, d]
     if kt_s is not None:
         for r, d in T.Parallel(rows, kt_s.shape[1]):
             kt_s[r, d] = kv[ids[base + r], 0, cols + d]

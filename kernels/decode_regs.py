@@ -49,6 +49,20 @@ def k_position(row):
     return row // 16 * 16 + row // 2 % 4 * 4 + row // 8 % 2 * 2 + row % 2
 
 
+def loop_schedule(narrow: bool, stacked: bool, tail: bool) -> tuple[list[int], list[int]]:
+    """T.Pipelined's (order, stage) for decode_program's tile loop, an entry a statement of its body:
+    the gather's (row ids into registers, the rows, the tail's rows) in stage 0, a tile ahead of the
+    rest. TileLang 0.1.12's own plan gives the row ids' load (shared memory to registers) the stage
+    of the statements after the copy, which then cannot feed it; it checks the count when it compiles."""
+    copies = 3 if tail else 2
+    scores = (4 if tail else 3) if stacked else (4 if tail else 2)
+    # the mask, the row max, the softmax's two loops, add_row_sums' four (64 heads), alpha's store,
+    # settle, P's store and P.V
+    rest = 4 + (0 if narrow else 4) + 4
+    n = copies + scores + rest
+    return list(range(n)), [0] * copies + [1] * (n - copies)
+
+
 def exp2_approx(x):
     """2^x by the hardware approximation (ex2.approx.ftz, pv_registers.cuh): exp2f adds a range
     check and two multiplies a value for results below 2^-126, which P.V cannot see anyway."""
@@ -102,15 +116,16 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     # q's two halves as one product twice as wide (scores' acc_both): against two products, on the
     # H200 1.5-3% faster on the 16-head tile at S >= 64, 3% slower on the 32-head one at S = 16 and 64
     stacked = narrow and HB == 16
-    if (HB, BI) not in SHAPES or tile.threads != 256 or D != 512 or not tile.v_in_registers:
+    if (HB, BI) not in SHAPES or tile.threads != 256 or tile.stages != 2 or D != 512 or not tile.v_in_registers:
         raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
                          f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "
-                         f"256 threads and d_v 512, not {tile} with d_v {D}")
+                         f"256 threads, 2 stages and d_v 512, not {tile} with d_v {D}")
     score_shape = [BI, HB] if narrow else [HB, BI]
     pv_source = PV_REGISTERS.read_text()
     # V fragments in flight (pv_registers.cuh's tile): the 64-head tiles with a d_tail hold the tail's
     # gather and product too, and ptxas spilled ~550 B a thread with two
     pv_fragments = 1 if HB == 64 and Dt else 2
+    order, stage = loop_schedule(narrow, stacked, bool(Dt))
 
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
@@ -148,9 +163,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         live_tiles = prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split,
                               H, s_i, sp, h0)
 
-        for t in T.Pipelined(live_tiles, num_stages=tile.stages):
+        for t in T.Pipelined(live_tiles, order=order, stage=stage):  # loop_schedule counts its statements
             base = t * BI
-            gather(kv, ids, base, k_s, kt_s)
+            gather(kv, ids, base, k_s, kt_s, True)
             scores(q_hi, q_lo, qt_hi, qt_lo, k_s, kt_s, acc_s, narrow, True, acc_both)
             if masked[t] != 0:
                 mask_scores(acc_s, ids, base, narrow)
