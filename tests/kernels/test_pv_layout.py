@@ -1,15 +1,20 @@
 """The order pv_registers.cuh reads V's rows in (k_row) and the order decode_regs stores P in
 (k_position) are one order, and its 8-byte shared loads are free of bank conflicts. The .cuh's
 index functions are evaluated here as written (their C expressions are valid Python), so an edit
-to either side that breaks the pairing or brings the conflicts back fails on the CPU."""
+to either side that breaks the pairing or brings the conflicts back fails on the CPU. The gather
+writes each row where kv_offset reads it: checked on the CUDA TileLang generates, whose index
+expressions are evaluated the same way."""
 import itertools
 import re
+import shutil
 
 import pytest
 
 pytest.importorskip("tilelang")
 
-from dsaops.kernels import decode_regs
+from dsaops.kernels import decode, decode_regs, tiles
+
+from tests.support.prerequisites import need
 
 SOURCE = decode_regs.PV_REGISTERS.read_text()
 BANKS, BANK_BYTES = 32, 4
@@ -63,3 +68,63 @@ def test_v_loads_are_free_of_bank_conflicts():
 def test_rows_in_order_would_conflict():
     """Negative control: the same check finds the two-way conflicts of rows read in k order."""
     assert worst_conflict(positions_in_row_order) == 2
+
+
+# one tile of each V-in-registers shape, with and without the d_tail copy beside the gather
+GATHER_TILES = ((tiles.REGISTER_V_TILE, 0), (tiles.REGISTER_V_TILE_FEW_QUERIES, 64), (tiles.NARROW_TILES[16], 64),
+                (tiles.NARROW_TILES[32], 0))
+ROW_IDS = re.compile(r"\brid\[(i_\d+)\] = ids\[(.+)\];")
+COPY = re.compile(r"cp_async_gs_conditional<16>\(\(&\(\(\(fp8_e4_t\*\)k_s\)\[(.+?)\]\)\), \(&\(kv\[(.+?)\]\)\)")
+RID = re.compile(r"rid\[\(*(?:\(int64_t\))?(i_\d+)\)*\]")
+
+
+def python(expr):
+    """A TileLang index expression as Python: the thread index named tx, the integer casts gone."""
+    return re.sub(r"\((?:int64_t|int)\)", "", expr.replace("((int)threadIdx.x)", "tx"))
+
+
+def gather_mismatches(source, rows):
+    """Where a gather of `source` (a decode kernel's CUDA, decode_parts.gather with ids_in_registers)
+    writes a row other than the one whose id the thread loaded, or the bytes of another column than
+    it reads, by kv_offset: [] when every copy lands where pv_registers.cuh reads it, each (row,
+    16-byte column) of the tile once. The loop's copies are evaluated at t = 0."""
+    kv_offset = cuda_function("kv_offset", ROWS=rows)
+    loads = ROW_IDS.findall(source)
+    copies = [(dest, src) for dest, src in COPY.findall(source) if RID.search(src)]
+    assert loads and len(loads) == len(copies), "no gather with its row ids in registers in this source"
+    bad = []
+    for (load_var, position), (dest, src) in zip(loads, copies):
+        copy_var = RID.search(src).group(1)
+        position, dest, column = python(position), python(dest), python(RID.sub("0", src))
+        writes = set()  # (the row id's position, the column read, the shared-memory offset written)
+        for tx, i in itertools.product(range(256), range(rows // 8)):
+            writes.add((eval(position, {}, {"tx": tx, load_var: i, "t": 0}), eval(column, {}, {"tx": tx, copy_var: i}),
+                        eval(dest, {}, {"tx": tx, copy_var: i, "t": 0})))
+        first = min(p for p, _, _ in writes)  # the tile's first row id
+        ring = {offset - kv_offset(r=p - first, c=c) for p, c, offset in writes}  # its ring buffer's start
+        cells = {(p, c) for p, c, _ in writes}
+        if len(ring) != 1 or min(ring) % (rows * 512) or len(cells) != len(writes) or len(cells) != rows * 32:
+            bad.append((load_var, copy_var, sorted(ring)[:4], len(cells)))
+    return bad
+
+
+@pytest.fixture(scope="module")
+def gather_sources():
+    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    target = decode.kernel_target("sm_90")  # loaded from the cache the compile tests fill
+    return {(tile, d_tail): decode.compile_kernel(target, tile, d_tail).get_kernel_source()
+            for tile, d_tail in GATHER_TILES}
+
+
+@pytest.mark.parametrize("tile, d_tail", GATHER_TILES, ids=lambda x: getattr(x, "name", f"d_tail{x}"))
+def test_each_thread_gathers_the_rows_whose_ids_it_loaded(gather_sources, tile, d_tail):
+    assert gather_mismatches(gather_sources[tile, d_tail], tile.block_rows) == []
+
+
+def test_rows_of_another_warp_would_be_found(gather_sources):
+    """Negative control: warps loading their neighbours' row ids (the copy's partition unchanged)."""
+    tile = tiles.REGISTER_V_TILE
+    source = gather_sources[tile, 0]
+    swapped = ROW_IDS.sub(lambda m: re.sub(r">> (\(int64_t\))?5\)", r">> \g<1>5 ^ 1)", m.group(0)), source)
+    assert swapped != source
+    assert len(gather_mismatches(swapped, tile.block_rows)) == 2  # the first tile's copy and the loop's
