@@ -78,7 +78,7 @@ COPY = re.compile(r"cp_async_gs_conditional<16>\(\(&\(\(\(fp8_e4_t\*\)k_s\)\[(.+
 RID = re.compile(r"rid\[\(*(?:\(int64_t\))?(i_\d+)\)*\]")
 
 
-def python(expr):
+def as_python(expr):
     """A TileLang index expression as Python: the thread index named tx, the integer casts gone."""
     return re.sub(r"\((?:int64_t|int)\)", "", expr.replace("((int)threadIdx.x)", "tx"))
 
@@ -95,7 +95,7 @@ def gather_mismatches(source, rows):
     bad = []
     for (load_var, position), (dest, src) in zip(loads, copies):
         copy_var = RID.search(src).group(1)
-        position, dest, column = python(position), python(dest), python(RID.sub("0", src))
+        position, dest, column = as_python(position), as_python(dest), as_python(RID.sub("0", src))
         writes = set()  # (the row id's position, the column read, the shared-memory offset written)
         for tx, i in itertools.product(range(256), range(rows // 8)):
             writes.add((eval(position, {}, {"tx": tx, load_var: i, "t": 0}), eval(column, {}, {"tx": tx, copy_var: i}),
