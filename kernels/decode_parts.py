@@ -252,7 +252,7 @@ def gather(kv, ids, base, k_s, kt_s, ids_in_registers=False):
 
     ids_in_registers: warp w copies rows w * rows / 8.. (a lane 16 bytes of each 512-byte row: the
     loop's partition over 256 threads), their ids first loaded into registers, four to a 16-byte
-    load. Read inside the copy, each row's id waited for its shared load one row at a time: ptxas
+    load. Read inside the copy, each row's id would wait for its shared load one row at a time: ptxas
     keeps a shared load after the previous row's cp.async, which writes shared memory. The caller's
     pipeline must give the ids' load the copy's stage (decode_regs.loop_schedule)."""
     rows, cols = k_s.shape

@@ -4,7 +4,6 @@ shared memory checked against the target's budget from the targets table.
 Each kernel is compiled once per test session (in parallel processes) into
 $DSAOPS_CACHE/tilelang, which later sessions reuse; a fresh machine compiles all of them.
 """
-import shutil
 import types
 
 import pytest
@@ -14,7 +13,7 @@ from dsaops.kernels.build import PDL_WAIT, build, kernel_jobs
 from dsaops import targets
 from dsaops.cache import cache_dir
 from dsaops.cli import main as dsaops_main
-from tests.support.prerequisites import need
+from tests.support.prerequisites import need_nvcc
 
 CACHE = str(cache_dir("tilelang"))
 # a 16-head tile of 64 rows with a 2-deep ring (sm_90's choice for the row-scaled layout): ~150 KB,
@@ -25,7 +24,7 @@ OVERSIZED_FOR_SM121 = tiles.Tile(16, 64, 2, 256)
 @pytest.fixture(scope="session")
 def built():
     """{target: {(tile, d_tail): Built}} plus the negative control, all compiled in one go."""
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     out = {}
     for name in ("sm_90", "sm_121"):  # ptxas's verdict where there is wgmma to serialize
         out[name] = {(b.tile, b.d_tail): b for b in build(name, cache_dir=CACHE, ptxas=name == "sm_90")}
@@ -89,7 +88,7 @@ def test_every_nvidia_kernel_overlaps_its_launch_with_the_kernel_before(built):
 
 def test_a_target_without_pdl_gets_plain_launches(monkeypatch):
     """Negative control: the same merge kernel for a target whose table row lacks "pdl"."""
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     import dataclasses
 
     from dsaops.kernels import decode
@@ -121,7 +120,7 @@ def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
 
 def test_serialized_wgmma_is_detected():
     """Negative control: a product whose accumulator is scaled before the wait."""
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     import os
 
     import tilelang

@@ -6,7 +6,6 @@ packed fp32x2 arithmetic, sm_90a's 128-bit loads and scalar arithmetic (so the t
 and its row-max reduction are grouped differently), and ptxas's instruction selection."""
 import os
 import re
-import shutil
 from collections import Counter
 
 import pytest
@@ -14,7 +13,7 @@ from dsaops.kernels import build, decode, tiles
 
 from dsaops import targets
 from dsaops.cache import cache_dir
-from tests.support.prerequisites import need
+from tests.support.prerequisites import need_nvcc
 
 PROXY = "sm_121@sm_90a"
 # the tensor-core products, their operand loads and the gathers: what must be GB10's own
@@ -25,7 +24,7 @@ NUMBERED = re.compile(r"\b([A-Za-z]\w*?)_\d+\b")  # TileLang numbers loop variab
 @pytest.fixture(scope="module")
 def sources():
     """{(tile, d_tail): (proxy source, proxy shared memory, sm_121a source, sm_121a shared memory)}."""
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))
     gb10 = targets.get("sm_121")
     jobs = build.kernel_jobs(gb10)
@@ -75,7 +74,7 @@ def test_proxy_kernels_run_gb10s_products_and_gathers(sources):
 
 def test_without_the_pass_config_hopper_would_take_wgmma():
     """Negative control: GB10's 64-head tile compiled for sm_90a with wgmma left on takes wgmma."""
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     import tilelang
 
     os.environ.setdefault("TILELANG_CACHE_DIR", str(cache_dir("tilelang")))

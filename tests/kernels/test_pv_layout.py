@@ -6,7 +6,6 @@ writes each row where kv_offset reads it: checked on the CUDA TileLang generates
 expressions are evaluated the same way."""
 import itertools
 import re
-import shutil
 
 import pytest
 
@@ -14,17 +13,23 @@ pytest.importorskip("tilelang")
 
 from dsaops.kernels import decode, decode_regs, tiles
 
-from tests.support.prerequisites import need
+from tests.support.prerequisites import need_nvcc
 
 SOURCE = decode_regs.PV_REGISTERS.read_text()
 BANKS, BANK_BYTES = 32, 4
+
+
+def as_python(expr, thread):
+    """A C index expression (the .cuh's, or TileLang's generated CUDA) as Python: its integer casts
+    gone, the thread index named `thread`."""
+    return re.sub(r"\((?:int64_t|int)\)", "", expr).replace("threadIdx.x", thread)
 
 
 def cuda_function(name, **values):
     """The return expression of `name` in pv_registers.cuh as a Python function of its free names."""
     body = re.search(rf"\b{name}\([^)]*\)\s*{{\s*(?:const int t = threadIdx\.x;\s*)?return ([^;]+);", SOURCE)
     assert body, f"{name} not found in pv_registers.cuh as a one-line return"
-    expr = body.group(1).replace("threadIdx.x", "t")
+    expr = as_python(body.group(1), "t")
     return lambda **kw: eval(expr, {}, {**values, **kw})  # the repository's own C expression
 
 
@@ -78,11 +83,6 @@ COPY = re.compile(r"cp_async_gs_conditional<16>\(\(&\(\(\(fp8_e4_t\*\)k_s\)\[(.+
 RID = re.compile(r"rid\[\(*(?:\(int64_t\))?(i_\d+)\)*\]")
 
 
-def as_python(expr):
-    """A TileLang index expression as Python: the thread index named tx, the integer casts gone."""
-    return re.sub(r"\((?:int64_t|int)\)", "", expr.replace("((int)threadIdx.x)", "tx"))
-
-
 def gather_mismatches(source, rows):
     """Where a gather of `source` (a decode kernel's CUDA, decode_parts.gather with ids_in_registers)
     writes a row other than the one whose id the thread loaded, or the bytes of another column than
@@ -95,7 +95,8 @@ def gather_mismatches(source, rows):
     bad = []
     for (load_var, position), (dest, src) in zip(loads, copies):
         copy_var = RID.search(src).group(1)
-        position, dest, column = as_python(position), as_python(dest), as_python(RID.sub("0", src))
+        # tx: the generated loop's own t is the pipeline's tile
+        position, dest, column = (as_python(e, "tx") for e in (position, dest, RID.sub("0", src)))
         writes = set()  # (the row id's position, the column read, the shared-memory offset written)
         for tx, i in itertools.product(range(256), range(rows // 8)):
             writes.add((eval(position, {}, {"tx": tx, load_var: i, "t": 0}), eval(column, {}, {"tx": tx, copy_var: i}),
@@ -110,7 +111,7 @@ def gather_mismatches(source, rows):
 
 @pytest.fixture(scope="module")
 def gather_sources():
-    need(shutil.which("nvcc") is not None, "nvcc (CUDA toolkit) on PATH compiles the kernels")
+    need_nvcc()
     target = decode.kernel_target("sm_90")  # loaded from the cache the compile tests fill
     return {(tile, d_tail): decode.compile_kernel(target, tile, d_tail).get_kernel_source()
             for tile, d_tail in GATHER_TILES}
