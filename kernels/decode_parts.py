@@ -91,7 +91,7 @@ def pow2_inverse(s):
 
 
 @T.macro
-def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
+def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0, first_rows=None):
     """q's heads h0.. of query s_i (bf16) times a power of two a head (q_scale, shared; pow2_scale of
     the head's largest |q|), as two e4m3 halves: hi = e4m3(x), lo = e4m3(x - hi). For a bf16 x the
     sum hi + lo is x exactly wherever |x| >= 2^-2 (x - hi has at most 4 significant bits, on e4m3's
@@ -99,21 +99,28 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
     products, for any magnitude of q. The scores then carry the head's scale, which the softmax
     takes out (score_scales). Padded heads (past H) are zeros. d_tail's columns (qt_hi, qt_lo; None
     without a tail) share their head's scale. q_lo None: q_hi holds both, lo at rows heads.. (the
-    stacked operands of alloc_operands; qt_lo likewise). q_amax: shared [heads] float32 scratch for TileLang's
-    reduction of the largest |q|; None: the scales come from pv_registers.cuh's head_scales, a warp
-    a head (TileLang's reduction over a head's 512 columns, which span two warps, ran a barrier pair
-    a head: about 2 us a block on the H200)."""
+    stacked operands of alloc_operands; qt_lo likewise).
+    q_amax: shared [heads] float32 scratch for TileLang's reduction of the largest |q|. None (the
+    V-in-registers tiles, whose q operands carry the full-bank swizzle): pv_registers.cuh's split_q
+    computes the scales and the first d_v columns' halves from one load of q, a warp a head, and asks
+    L2 for the first tile's rows; first_rows is then (kv, the split's row ids, the tile's rows)."""
     heads, D = q_scale.shape[0], q_hi.shape[1]
     Dt = 0 if qt_hi is None else qt_hi.shape[1]
-    q_f = T.alloc_fragment([heads, D], T.bfloat16)
-    load_heads(q, q_f, 0, H, s_i, h0)
     if Dt:
         qt_f = T.alloc_fragment([heads, Dt], T.bfloat16)
         load_heads(q, qt_f, D, H, s_i, h0)
     if q_amax is None:
-        T.call_extern("handle", f"dsaops_pv::head_scales<{heads}, {D + Dt}>", T.access_ptr(q[s_i, h0, 0], "r"),
-                      T.min(heads, H - h0), T.access_ptr(q_scale, "w"))
+        # by index: a buffer bound to a name here would take that name in the generated source
+        t = T.get_thread_binding()
+        lo = (q_hi, heads) if q_lo is None else (q_lo, 0)  # the low half's buffer and first row
+        T.call_extern("handle", f"dsaops_pv::split_q<{heads}, {D + Dt}, {q_hi.shape[0]}>",
+                      T.access_ptr(q[s_i, h0, 0], "r"), T.min(heads, H - h0), T.access_ptr(q_scale, "w"),
+                      T.access_ptr(q_hi, "w"), 0, T.access_ptr(lo[0], "w"), lo[1],
+                      T.access_ptr(first_rows[0][0, 0, 0], "r"),
+                      T.if_then_else(t < first_rows[2], first_rows[1][t], -1), first_rows[0].shape[0])
     else:
+        q_f = T.alloc_fragment([heads, D], T.bfloat16)
+        load_heads(q, q_f, 0, H, s_i, h0)
         amax = T.alloc_fragment([heads], T.bfloat16)
         T.reduce_absmax(q_f, amax, dim=1)
         for h in T.Parallel(heads):
@@ -125,7 +132,7 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0):
                 q_amax[h] = T.max(q_amax[h], amax_t[h])
         for h in T.Parallel(heads):
             q_scale[h] = pow2_scale(q_amax[h])
-    store_halves(q_f, q_scale, q_hi, q_lo)
+        store_halves(q_f, q_scale, q_hi, q_lo)
     if Dt:
         store_halves(qt_f, q_scale, qt_hi, qt_lo)
 
@@ -165,7 +172,7 @@ def score_scales(m, scale2, q_scale, sm_scale):
 def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, warp_scales=False, stacked=False):
     """Shared memory of QK^T's operands: q's two e4m3 halves [heads, d_v] (split_q) and a tile's
     gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's scale a head
-    with, unless warp_scales (split_q: pv_registers.cuh's head_scales), its largest |q|. stacked:
+    with, unless warp_scales (split_q: pv_registers.cuh's split_q), its largest |q|. stacked:
     the halves as one operand [2 heads, d_v], hi above lo, in q_hi (and qt_hi), q_lo and qt_lo None
     (scores' one product for both). (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
     q_hi = T.alloc_shared([2 * heads if stacked else heads, d_v], fp8_dtype)
@@ -189,14 +196,17 @@ def alloc_row_ids(index_rows, rows):
 
 
 @T.macro
-def prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split, H, s_i, sp, h0):
+def prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split, H, s_i, sp, h0,
+             kv=None):
     """Before the first tile: the split's row ids (load_row_ids), q's halves and scales (split_q),
     the tiles' flags (flag_tiles), the accumulators and the running max cleared, each head's score
     scale. The row ids' and q's global loads come before the first barrier, so their latencies
-    overlap. Returns where the split's loop ends: 1 + its last tile with a valid row."""
+    overlap. kv (the V-in-registers tiles: pv_registers.cuh's split_q): the first tile's rows are asked
+    into L2 while q is split. Returns where the split's loop ends: 1 + its last tile with a valid row."""
     # by index: names bound here (even `_`) would rename those buffers in the generated source
     load_row_ids(indices, *row_ids, split_rows, n_split, s_i, sp)
-    split_q(q, operands[0], operands[1], operands[3], operands[4], operands[6], operands[7], H, s_i, h0)
+    split_q(q, operands[0], operands[1], operands[3], operands[4], operands[6], operands[7], H, s_i, h0,
+            None if kv is None else (kv, row_ids[0], operands[2].shape[0]))
     flag_tiles(*row_ids)
     T.fill(acc_o, 0)
     T.fill(sum_part, 0)

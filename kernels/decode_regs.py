@@ -135,7 +135,9 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         # P by hand: its two e4m3 halves, each one 128-byte swizzle atom wide, the product's B operand,
         # read by hand in the layout its descriptor names
         p_s = T.alloc_shared([2, HB, 128], fp8_dtype)
-        T.annotate_layout({p_s: make_full_bank_swizzled_layout(p_s)})
+        # q's halves are written by hand too (pv_registers.cuh's split_q, in kv_offset's layout)
+        swizzled = [b for b in (p_s, q_hi, q_lo) if b is not None]
+        T.annotate_layout({b: make_full_bank_swizzled_layout(b) for b in swizzled})
         row_ids = alloc_row_ids(tile.index_rows, BI)
         ids, masked = row_ids[:2]
 
@@ -161,7 +163,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         T.call_extern("handle", "dsaops_pv::prefetch_l2", T.access_ptr(indices[s_i, 0, 0], "r"),
                       T.shift_left(T.shift_right(indices.shape[2], 2), 4))
         live_tiles = prologue(q, indices, operands, row_ids, acc_o, sum_part, m, scale2, sm_scale, split_rows, n_split,
-                              H, s_i, sp, h0)
+                              H, s_i, sp, h0, kv)
 
         for t in T.Pipelined(live_tiles, order=order, stage=stage):  # loop_schedule counts its statements
             base = t * BI

@@ -22,6 +22,8 @@
 // in a 2-CTA cluster, merged through distributed shared memory: tiles.PAIRED).
 // TileLang puts this source before its own includes.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <tl_templates/cuda/instruction/wgmma.h>
 #include <tl_templates/cuda/intrin.h>
 #include <tl_templates/cuda/barrier.h>
@@ -98,52 +100,116 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
   if (threadIdx.x == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// Each head's q scale (decode_parts.pow2_scale: the power of two that puts its largest |q| in
-// [128, 256); 1 under 2^-119 and for a padded head, h >= heads_valid) into scale[HEADS]. q: the
-// block's first head, WIDTH bf16 columns a head; 256 threads. A warp a head: 16-byte loads, five
-// shuffles and no barrier, where TileLang's reduction over a fragment whose heads span two warps
-// ran a barrier pair a head. The caller's barrier publishes scale.
-template <int HEADS, int WIDTH>
-__device__ __forceinline__ void head_scales(const void* q, int heads_valid, float* scale) {
-  constexpr int kWarps = 8, kChunks = WIDTH / 8;  // 16-byte chunks a head
-  static_assert(HEADS % kWarps == 0 && WIDTH % 8 == 0, "whole heads a warp, read in 16-byte chunks");
+// Asks L2 for row `row` of the fp8 pool (WIDTH bytes a row) when 0 <= row < slots, a 128-byte line
+// an instruction (a bulk prefetch takes a warp-uniform address: ptxas loops over the warp's rows).
+template <int WIDTH>
+__device__ __forceinline__ void prefetch_row(const void* kv, int row, int slots) {
+  if (row >= 0 && row < slots) {
+    const char* p = static_cast<const char*>(kv) + int64_t(row) * WIDTH;
+#pragma unroll
+    for (int b = 0; b < WIDTH; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + b));
+    if (WIDTH % 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + WIDTH - 1));  // a row's last line
+  }
+}
+
+// Eight bf16 values x (one 16-byte chunk of q) times s as two e4m3 halves, hi = e4m3(x s) and
+// lo = e4m3(x s - hi), 8 bytes each (zeros where !valid). x s - hi is taken in fp16: x s is exact
+// there wherever either half can be nonzero (|x s| >= 2^-10; bf16's 8 bits fit fp16's 11), and so is
+// the difference, in packed conversions and one subtraction a pair.
+__device__ __forceinline__ void split8(uint4 x, float s, bool valid, uint2& hi, uint2& lo) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&x);
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(pairs[j]);
+    const __half2_raw xs = __floats2half2_rn(f.x * s, f.y * s);
+    const __nv_fp8x2_storage_t h2 = __nv_cvt_halfraw2_to_fp8x2(xs, __NV_SATFINITE, __NV_E4M3);
+    const __half2 d = __hsub2(__half2(xs), __half2(__nv_cvt_fp8x2_to_halfraw2(h2, __NV_E4M3)));
+    h[j] = h2;
+    l[j] = __nv_cvt_halfraw2_to_fp8x2(__half2_raw(d), __NV_SATFINITE, __NV_E4M3);
+  }
+  hi = valid ? make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16) : make_uint2(0, 0);
+  lo = valid ? make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16) : make_uint2(0, 0);
+}
+
+// q's split for the V-in-registers tiles (decode_parts.split_q is the specification): each head's q
+// times the power of two that puts its largest |q| in [128, 256) (decode_parts.pow2_scale: 1 under
+// 2^-119, and for a padded head h >= heads_valid, whose halves are zeros), as two e4m3 halves into
+// [ROWS, 512] fp8 operands in TileLang's full-bank swizzle (kv_offset; decode_regs annotates that
+// layout on them): hi at rows hi_row.. of `hi`, lo at rows lo_row.. of `lo`; the scales into
+// scale[HEADS]. The caller's barrier publishes all three. q: the block's first head, WIDTH bf16
+// columns a head (d_tail's columns past 512 count in the scale; the caller splits them). A warp a
+// head, 256 threads: 16-byte loads, each element loaded once (the scale and the halves come from
+// the same registers), shuffles and no barrier, where TileLang's reduction over a head's columns,
+// which span two warps, ran a barrier pair a head, and its split loaded q a second time.
+// Once its loads are issued, each thread asks L2 for row `row` of the pool kv (-1: none; the caller
+// gives the first tile's rows, so that its gather, issued after the split, finds them there): its
+// id arrived with q's loads, and waiting for it any earlier would hold those loads back.
+template <int HEADS, int WIDTH, int ROWS>
+__device__ __forceinline__ void split_q(const void* q, int heads_valid, float* scale, void* hi, int hi_row, void* lo,
+                                        int lo_row, const void* kv, int row, int slots) {
+  constexpr int kWarps = 8, kHeads = HEADS / kWarps, kChunks = WIDTH / 8;  // heads a warp; 16-byte chunks a head
+  constexpr int kPerLane = (kChunks + 31) / 32, kMainChunks = kDv / 8;
+  static_assert(HEADS % (2 * kWarps) == 0 && WIDTH % 8 == 0 && WIDTH >= kDv, "head pairs a warp, 16-byte chunks");
   const uint4* rows = reinterpret_cast<const uint4*>(q);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float amax[HEADS / kWarps];
-  // loads first, all of them unconditional (clamped to a real head and chunk; padded heads are zeroed
-  // after), so none waits for another
-  constexpr int kPerLane = (kChunks + 31) / 32;
-  uint4 v[HEADS / kWarps][kPerLane];
+  // loads first, all of them unconditional (clamped to a real head and chunk), so none waits for another
+  uint4 v[kHeads][kPerLane];
 #pragma unroll
-  for (int i = 0; i < HEADS / kWarps; ++i) {
+  for (int i = 0; i < kHeads; ++i) {
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k)
       v[i][k] = rows[min(warp + kWarps * i, heads_valid - 1) * kChunks + min(32 * k + lane, kChunks - 1)];
   }
+  prefetch_row<WIDTH>(kv, row, slots);
+  // every load arrives here: ptxas would otherwise issue half of them after the first shuffles
 #pragma unroll
-  for (int i = 0; i < HEADS / kWarps; ++i) {
-    amax[i] = 0.f;
+  for (int i = 0; i < kHeads; ++i) {
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v[i][k]);
+    for (int k = 0; k < kPerLane; ++k) asm volatile("" ::"r"(v[i][k].x), "r"(v[i][k].y), "r"(v[i][k].z), "r"(v[i][k].w));
+  }
+  // each head's largest |q|, two heads a shuffle as a bf16 pair (|x| and the max are exact in bf16)
+  __nv_bfloat162 amax[kHeads / 2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(__habs2(pairs[j]));
-        amax[i] = fmaxf(amax[i], fmaxf(f.x, f.y));
+  for (int i = 0; i < kHeads; i += 2) {
+    __nv_bfloat162 m[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m[e] = __float2bfloat162_rn(0.f);
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) {
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v[i + e][k]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) m[e] = __hmax2(m[e], __habs2(pairs[j]));
       }
     }
-    if (warp + kWarps * i >= heads_valid) amax[i] = 0.f;
+    amax[i / 2] = __halves2bfloat162(__hmax(m[0].x, m[0].y), __hmax(m[1].x, m[1].y));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
 #pragma unroll
-    for (int i = 0; i < HEADS / kWarps; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], o));
+    for (int i = 0; i < kHeads / 2; ++i) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, reinterpret_cast<const uint32_t&>(amax[i]), o);
+      amax[i] = __hmax2(amax[i], reinterpret_cast<const __nv_bfloat162&>(other));
+    }
   }
-  if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < HEADS / kWarps; ++i) {
-      const int e = __float_as_int(amax[i]) >> 23;  // the biased exponent (amax >= 0)
-      scale[warp + kWarps * i] = e >= 8 ? __int_as_float((261 - e) << 23) : 1.f;
+  for (int i = 0; i < kHeads; ++i) {
+    const int h = warp + kWarps * i;
+    const bool valid = h < heads_valid;
+    const float a = valid ? __bfloat162float(i % 2 ? amax[i / 2].y : amax[i / 2].x) : 0.f;
+    const int e = __float_as_int(a) >> 23;  // the biased exponent (a >= 0)
+    const float s = e >= 8 ? __int_as_float((261 - e) << 23) : 1.f;
+    if (lane == 0) scale[h] = s;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int chunk = 32 * k + lane;
+      if (chunk < kMainChunks) {
+        uint2 h8, l8;
+        split8(v[i][k], s, valid, h8, l8);
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(hi) + kv_offset<ROWS>(hi_row + h, 8 * chunk)) = h8;
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(lo) + kv_offset<ROWS>(lo_row + h, 8 * chunk)) = l8;
+      }
     }
   }
 }

@@ -3,7 +3,8 @@
 index functions are evaluated here as written (their C expressions are valid Python), so an edit
 to either side that breaks the pairing or brings the conflicts back fails on the CPU. The gather
 writes each row where kv_offset reads it: checked on the CUDA TileLang generates, whose index
-expressions are evaluated the same way."""
+expressions are evaluated the same way. split_q writes q's halves by kv_offset too, into operands
+that QK^T reads in TileLang's full-bank swizzle: checked against TileLang's own layout function."""
 import itertools
 import re
 
@@ -12,6 +13,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 from dsaops.kernels import decode, decode_regs, tiles
+from tilelang.layout import make_full_bank_swizzled_layout, make_half_bank_swizzled_layout
 
 from tests.support.prerequisites import need_nvcc
 
@@ -129,3 +131,46 @@ def test_rows_of_another_warp_would_be_found(gather_sources):
     swapped = ROW_IDS.sub(lambda m: re.sub(r">> (\(int64_t\))?5\)", r">> \g<1>5 ^ 1)", m.group(0)), source)
     assert swapped != source
     assert len(gather_mismatches(swapped, tile.block_rows)) == 2  # the first tile's copy and the loop's
+
+
+Q_ROWS = (16, 32, 64)  # rows of the tiles' q operands: 16 or 32 heads (16 stacked twice: 32), 64 heads
+DESCRIPTOR = re.compile(r"initialize_wgmma_descriptor<(\d+), \d+, \d+>\(desc_\w+, \(&\(\(\(fp8_e4_t\*\)(q_hi|q_lo)\)")
+
+
+def split_q_mismatches(make_layout, rows):
+    """Where split_q's 8-byte stores of q's halves (kv_offset<ROWS> at column 8c) would not hold the
+    bytes that a [rows, 512] fp8 buffer in `make_layout` (a TileLang layout) keeps there: [] when
+    every store lands whole where the layout puts its columns."""
+    from tvm import arith, tirx  # TileLang's TVM
+
+    kv_offset = cuda_function("kv_offset", ROWS=rows)
+    layout = make_layout(tirx.decl_buffer((rows, 512), "float8_e4m3fn", scope="shared"))
+    shape = [int(n) for n in layout.get_output_shape()]
+    analyzer = arith.Analyzer()
+
+    def offset(r, c):
+        flat = 0
+        for index, n in zip(layout.map_forward_index([tirx.const(r, "int32"), tirx.const(c, "int32")]), shape):
+            flat = flat * n + int(analyzer.simplify(index))
+        return flat
+
+    return [(r, c) for r in range(rows) for c in range(0, 512, 8)
+            if offset(r, c) != kv_offset(r=r, c=c) or offset(r, c + 7) != kv_offset(r=r, c=c) + 7]
+
+
+@pytest.mark.parametrize("rows", Q_ROWS)
+def test_q_halves_are_stored_where_qk_reads_them(rows):
+    assert split_q_mismatches(make_full_bank_swizzled_layout, rows) == []
+
+
+def test_another_swizzle_would_be_found():
+    """Negative control: TileLang's 64-byte swizzle keeps nearly all of q's columns elsewhere."""
+    assert len(split_q_mismatches(make_half_bank_swizzled_layout, 64)) > 64 * 64 * 9 // 10
+
+
+def test_the_kernels_read_q_in_the_full_bank_swizzle(gather_sources):
+    """QK^T's descriptors of q's operands name the 128-byte swizzle (wgmma layout type 1), the layout
+    decode_regs annotates on them and split_q writes."""
+    for source in gather_sources.values():
+        layouts = DESCRIPTOR.findall(source)
+        assert layouts and {layout for layout, _ in layouts} == {"1"}
