@@ -162,12 +162,6 @@ __device__ __forceinline__ void split_q(const void* q, int heads_valid, float* s
       v[i][k] = rows[min(warp + kWarps * i, heads_valid - 1) * kChunks + min(32 * k + lane, kChunks - 1)];
   }
   prefetch_row<WIDTH>(kv, row, slots);
-  // every load arrives here: ptxas would otherwise issue half of them after the first shuffles
-#pragma unroll
-  for (int i = 0; i < kHeads; ++i) {
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) asm volatile("" ::"r"(v[i][k].x), "r"(v[i][k].y), "r"(v[i][k].z), "r"(v[i][k].w));
-  }
   // each head's largest |q|, two heads a shuffle as a bf16 pair (|x| and the max are exact in bf16)
   __nv_bfloat162 amax[kHeads / 2];
 #pragma unroll
