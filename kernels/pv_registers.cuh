@@ -1,5 +1,6 @@
-// P.V of Hopper's decode tiles with V taken from registers (imported into the kernel's CUDA
-// source by decode_regs.decode_program; TileLang runs everything else of the tile).
+// P.V of Hopper's decode tiles with V taken from registers, and the parts of those tiles written by
+// hand around it: q's split (split_q), the store and the cluster pairs' merge (imported into the
+// kernel's CUDA source by decode_regs.decode_program; TileLang runs the rest of the tile).
 //
 // wgmma takes its A operand from registers, so the product is computed transposed:
 // O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T, the fp8 tile's bytes moved straight into registers
