@@ -100,22 +100,24 @@ def split_q(q, q_hi, q_lo, qt_hi, qt_lo, q_amax, q_scale, H, s_i, h0, first_rows
     takes out (score_scales). Padded heads (past H) are zeros. d_tail's columns (qt_hi, qt_lo; None
     without a tail) share their head's scale. q_lo None: q_hi holds both, lo at rows heads.. (the
     stacked operands of alloc_operands; qt_lo likewise).
-    q_amax: shared [heads] float32 scratch for TileLang's reduction of the largest |q|. None (the
-    V-in-registers tiles, whose q operands carry the full-bank swizzle): pv_registers.cuh's split_q
-    computes the scales and the first d_v columns' halves from one load of q, a warp a head, and asks
-    L2 for the first tile's rows; first_rows is then (kv, the split's row ids, the tile's rows)."""
+    q_amax: shared [heads] float32 scratch for TileLang's reduction of the largest |q| (None with
+    first_rows). first_rows (the V-in-registers tiles, whose q operands carry the full-bank swizzle):
+    (kv, the split's row ids, the tile's rows); pv_registers.cuh's split_q then computes the scales
+    and the first d_v columns' halves from one load of q, a warp a head, and asks L2 for the first
+    tile's rows."""
     heads, D = q_scale.shape[0], q_hi.shape[1]
     Dt = 0 if qt_hi is None else qt_hi.shape[1]
     if Dt:
         qt_f = T.alloc_fragment([heads, Dt], T.bfloat16)
         load_heads(q, qt_f, D, H, s_i, h0)
-    if q_amax is None:
+    if first_rows is not None:
+        assert q_amax is None and D == 512, "pv_registers.cuh's split_q writes d_v 512 and its own scales"
         # by index: a buffer bound to a name here would take that name in the generated source
         t = T.get_thread_binding()
         lo = (q_hi, heads) if q_lo is None else (q_lo, 0)  # the low half's buffer and first row
         T.call_extern("handle", f"dsaops_pv::split_q<{heads}, {D + Dt}, {q_hi.shape[0]}>",
                       T.access_ptr(q[s_i, h0, 0], "r"), T.min(heads, H - h0), T.access_ptr(q_scale, "w"),
-                      T.access_ptr(q_hi, "w"), 0, T.access_ptr(lo[0], "w"), lo[1],
+                      T.access_ptr(q_hi, "w"), T.access_ptr(lo[0], "w"), lo[1],
                       T.access_ptr(first_rows[0][0, 0, 0], "r"),
                       T.if_then_else(t < first_rows[2], first_rows[1][t], -1), first_rows[0].shape[0])
     else:
@@ -169,10 +171,11 @@ def score_scales(m, scale2, q_scale, sm_scale):
 
 
 @T.macro
-def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, warp_scales=False, stacked=False):
+def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, cuda_split=False, stacked=False):
     """Shared memory of QK^T's operands: q's two e4m3 halves [heads, d_v] (split_q) and a tile's
     gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's scale a head
-    with, unless warp_scales (split_q: pv_registers.cuh's split_q), its largest |q|. stacked:
+    with, unless cuda_split (q split by pv_registers.cuh's split_q, which needs no scratch), its
+    largest |q|. stacked:
     the halves as one operand [2 heads, d_v], hi above lo, in q_hi (and qt_hi), q_lo and qt_lo None
     (scores' one product for both). (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
     q_hi = T.alloc_shared([2 * heads if stacked else heads, d_v], fp8_dtype)
@@ -181,7 +184,7 @@ def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, warp_scales=False, stack
     qt_hi = T.alloc_shared([2 * heads if stacked else heads, d_tail], fp8_dtype) if d_tail else None
     qt_lo = T.alloc_shared([heads, d_tail], fp8_dtype) if d_tail and not stacked else None
     kt_s = T.alloc_shared([rows, d_tail], fp8_dtype) if d_tail else None
-    q_amax = None if warp_scales else T.alloc_shared([heads], T.float32)
+    q_amax = None if cuda_split else T.alloc_shared([heads], T.float32)
     q_scale = T.alloc_shared([heads], T.float32)
     return q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale
 

@@ -130,7 +130,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     @T.macro
     def block(q, kv, kv_scale, indices, sm_scale, split_rows, n_split, out, lse, H, s_i, hb, sp):
         T.import_source(pv_source)
-        operands = alloc_operands(HB, BI, D, Dt, fp8_dtype, warp_scales=True, stacked=stacked)
+        operands = alloc_operands(HB, BI, D, Dt, fp8_dtype, cuda_split=True, stacked=stacked)
         q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s = operands[:6]
         # P by hand: its two e4m3 halves, each one 128-byte swizzle atom wide, the product's B operand,
         # read by hand in the layout its descriptor names

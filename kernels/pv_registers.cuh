@@ -103,6 +103,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int bytes) {
 
 // Asks L2 for row `row` of the fp8 pool (WIDTH bytes a row) when 0 <= row < slots, a 128-byte line
 // an instruction (a bulk prefetch takes a warp-uniform address: ptxas loops over the warp's rows).
+// split_q passes q's bf16 columns a head as WIDTH: the raw layout's row holds as many fp8 bytes.
 template <int WIDTH>
 __device__ __forceinline__ void prefetch_row(const void* kv, int row, int slots) {
   if (row >= 0 && row < slots) {
@@ -137,7 +138,7 @@ __device__ __forceinline__ void split8(uint4 x, float s, bool valid, uint2& hi, 
 // times the power of two that puts its largest |q| in [128, 256) (decode_parts.pow2_scale: 1 under
 // 2^-119, and for a padded head h >= heads_valid, whose halves are zeros), as two e4m3 halves into
 // [ROWS, 512] fp8 operands in TileLang's full-bank swizzle (kv_offset; decode_regs annotates that
-// layout on them): hi at rows hi_row.. of `hi`, lo at rows lo_row.. of `lo`; the scales into
+// layout on them): hi at rows 0.. of `hi`, lo at rows lo_row.. of `lo`; the scales into
 // scale[HEADS]. The caller's barrier publishes all three. q: the block's first head, WIDTH bf16
 // columns a head (d_tail's columns past 512 count in the scale; the caller splits them). A warp a
 // head, 256 threads: 16-byte loads, each element loaded once (the scale and the halves come from
@@ -147,7 +148,7 @@ __device__ __forceinline__ void split8(uint4 x, float s, bool valid, uint2& hi, 
 // gives the first tile's rows, so that its gather, issued after the split, finds them there): its
 // id arrived with q's loads, and waiting for it any earlier would hold those loads back.
 template <int HEADS, int WIDTH, int ROWS>
-__device__ __forceinline__ void split_q(const void* q, int heads_valid, float* scale, void* hi, int hi_row, void* lo,
+__device__ __forceinline__ void split_q(const void* q, int heads_valid, float* scale, void* hi, void* lo,
                                         int lo_row, const void* kv, int row, int slots) {
   constexpr int kWarps = 8, kHeads = HEADS / kWarps, kChunks = WIDTH / 8;  // heads a warp; 16-byte chunks a head
   constexpr int kPerLane = (kChunks + 31) / 32, kMainChunks = kDv / 8;
@@ -202,7 +203,7 @@ __device__ __forceinline__ void split_q(const void* q, int heads_valid, float* s
       if (chunk < kMainChunks) {
         uint2 h8, l8;
         split8(v[i][k], s, valid, h8, l8);
-        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(hi) + kv_offset<ROWS>(hi_row + h, 8 * chunk)) = h8;
+        *reinterpret_cast<uint2*>(static_cast<uint8_t*>(hi) + kv_offset<ROWS>(h, 8 * chunk)) = h8;
         *reinterpret_cast<uint2*>(static_cast<uint8_t*>(lo) + kv_offset<ROWS>(lo_row + h, 8 * chunk)) = l8;
       }
     }

@@ -133,7 +133,7 @@ def test_rows_of_another_warp_would_be_found(gather_sources):
     assert len(gather_mismatches(swapped, tile.block_rows)) == 2  # the first tile's copy and the loop's
 
 
-Q_ROWS = (16, 32, 64)  # rows of the tiles' q operands: 16 or 32 heads (16 stacked twice: 32), 64 heads
+Q_ROWS = (32, 64)  # rows of the tiles' q operands: 32 heads or 16 stacked twice (hi above lo), 64 heads
 DESCRIPTOR = re.compile(r"initialize_wgmma_descriptor<(\d+), \d+, \d+>\(desc_\w+, \(&\(\(\(fp8_e4_t\*\)(q_hi|q_lo)\)")
 
 
@@ -170,7 +170,40 @@ def test_another_swizzle_would_be_found():
 
 def test_the_kernels_read_q_in_the_full_bank_swizzle(gather_sources):
     """QK^T's descriptors of q's operands name the 128-byte swizzle (wgmma layout type 1), the layout
-    decode_regs annotates on them and split_q writes."""
+    split_q writes (TileLang's choice for these operands, which decode_regs' annotation pins)."""
     for source in gather_sources.values():
         layouts = DESCRIPTOR.findall(source)
         assert layouts and {layout for layout, _ in layouts} == {"1"}
+
+
+SPLIT_Q = re.compile(r"dsaops_pv::split_q<(\d+), (\d+), (\d+)>\(.*?\(\(fp8_e4_t\*\)(q_hi)\)\[0\]\)\), "
+                     r"\(&\(\(\(fp8_e4_t\*\)(q_hi|q_lo)\)\[0\]\)\), (\d+), ")
+
+
+def split_q_call_mismatches(source, tile, d_tail):
+    """Where a kernel's call of split_q differs from its tile: the heads, q's columns a head, the
+    operand's rows (the kv_offset layout split_q writes in), and where the low half goes (its own
+    operand, or rows heads.. of the stacked one). [] when the one call matches."""
+    calls = SPLIT_Q.findall(source)
+    assert len(calls) == 1, "not one split_q call in this source"
+    heads, width, rows, _, lo, lo_row = calls[0]
+    stacked = tile.transposed_scores and tile.heads_per_block == 16  # decode_regs.decode_program's
+    want = (tile.heads_per_block, 512 + d_tail, 2 * tile.heads_per_block if stacked else tile.heads_per_block,
+            "q_hi" if stacked else "q_lo", tile.heads_per_block if stacked else 0)
+    got = (int(heads), int(width), int(rows), lo, int(lo_row))
+    return [(name, g, w) for name, g, w in zip(("heads", "width", "rows", "lo", "lo_row"), got, want) if g != w]
+
+
+@pytest.mark.parametrize("tile, d_tail", GATHER_TILES, ids=lambda x: getattr(x, "name", f"d_tail{x}"))
+def test_each_kernel_splits_q_into_its_own_operands(gather_sources, tile, d_tail):
+    assert split_q_call_mismatches(gather_sources[tile, d_tail], tile, d_tail) == []
+    assert int(SPLIT_Q.search(gather_sources[tile, d_tail]).group(3)) in Q_ROWS
+
+
+def test_a_low_half_over_the_high_one_would_be_found(gather_sources):
+    """Negative control: the stacked 16-head tile's low half written at row 0, over the high half."""
+    tile, d_tail = tiles.NARROW_TILES[16], 64
+    source = gather_sources[tile, d_tail]
+    broken = SPLIT_Q.sub(lambda m: m.group(0).replace(f", {m.group(6)}, ", ", 0, "), source)
+    assert broken != source
+    assert split_q_call_mismatches(broken, tile, d_tail) == [("lo_row", 0, 16)]
