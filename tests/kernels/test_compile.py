@@ -110,8 +110,9 @@ def test_a_merge_of_more_splits_than_a_warp_has_lanes_is_refused():
 
 
 def test_hopper_kernels_keep_their_wgmma_asynchronous_and_spill_nothing(built):
-    """ptxas serializes every wgmma of a kernel (C7514) when an accumulator may be read while a
-    product into it is in flight, which nothing but ptxas's info line reports."""
+    """ptxas serializes every wgmma of a kernel when an accumulator may be read while a product into
+    it is in flight (C7514) or the pipeline's registers do not fit (C7511), which nothing but
+    ptxas's info line reports."""
     for b in built["sm_90"].values():
         assert not b.ptxas.wgmma_serialized, b.kernel
         assert b.ptxas.spill_bytes == 0, (b.kernel, b.ptxas)
@@ -152,6 +153,18 @@ def test_serialized_wgmma_is_detected():
     verdicts = [ptxas.report(tilelang.compile(program(flag), target=sm90.tilelang_target).get_kernel_source(),
                              sm90.gpu_arch).wgmma_serialized for flag in (False, True)]
     assert verdicts == [False, True]
+
+
+def test_serialization_for_want_of_registers_is_detected():
+    """ptxas's line for a 64-head tile given a branch around its P.V steps (C7511), verbatim; the
+    wait it injects beside it (C7517) alone serializes nothing."""
+    from dsaops.kernels import ptxas
+
+    injected = ("ptxas info    : (C7517) warpgroup.wait is injected in around line 11031 by compiler to allow use "
+                "of registers defined by GMMA in function 'decode_kernel'\n")
+    registers = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                 "due to insufficient register resources for the wgmma pipeline in the function 'decode_kernel'\n")
+    assert [ptxas.serialized(injected), ptxas.serialized(injected + registers)] == [False, True]
 
 
 def test_oversized_tile_for_sm121_is_detected(built):
