@@ -175,9 +175,9 @@ def alloc_operands(heads, rows, d_v, d_tail, fp8_dtype, cuda_split=False, stacke
     """Shared memory of QK^T's operands: q's two e4m3 halves [heads, d_v] (split_q) and a tile's
     gathered rows [rows, d_v], each with its d_tail part (None without a tail), and q's scale a head
     with, unless cuda_split (q split by pv_registers.cuh's split_q, which needs no scratch), its
-    largest |q|. stacked:
-    the halves as one operand [2 heads, d_v], hi above lo, in q_hi (and qt_hi), q_lo and qt_lo None
-    (scores' one product for both). (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
+    largest |q|. stacked: the halves as one operand [2 heads, d_v], hi above lo, in q_hi (and
+    qt_hi), q_lo and qt_lo None (scores' one product for both).
+    (q_hi, q_lo, k_s, qt_hi, qt_lo, kt_s, q_amax, q_scale)"""
     q_hi = T.alloc_shared([2 * heads if stacked else heads, d_v], fp8_dtype)
     q_lo = None if stacked else T.alloc_shared([heads, d_v], fp8_dtype)
     k_s = T.alloc_shared([rows, d_v], fp8_dtype)

@@ -49,6 +49,13 @@ def k_position(row):
     return row // 16 * 16 + row // 2 % 4 * 4 + row // 8 % 2 * 2 + row % 2
 
 
+def stacked_halves(tile) -> bool:
+    """Whether the tile keeps q's two halves as one operand, lo below hi (alloc_operands' stacked),
+    for one product twice as wide (scores' acc_both): against two products, on the H200 1.5-3%
+    faster on the 16-head tile at S >= 64, 3% slower on the 32-head one at S = 16 and 64."""
+    return tile.transposed_scores and tile.heads_per_block == 16
+
+
 def loop_schedule(narrow: bool, stacked: bool, tail: bool) -> tuple[list[int], list[int]]:
     """T.Pipelined's (order, stage) for decode_program's tile loop, an entry a statement of its body:
     the gather's (row ids into registers, the rows, the tail's rows) in stage 0, a tile ahead of the
@@ -113,9 +120,7 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
     D, Dt = d_v, d_tail
     acc = T.float32
     narrow = tile.transposed_scores  # 16 or 32 heads: S^T = K . Q^T, the heads as both products' N
-    # q's two halves as one product twice as wide (scores' acc_both): against two products, on the
-    # H200 1.5-3% faster on the 16-head tile at S >= 64, 3% slower on the 32-head one at S = 16 and 64
-    stacked = narrow and HB == 16
+    stacked = stacked_halves(tile)
     if (HB, BI) not in SHAPES or tile.threads != 256 or tile.stages != 2 or D != 512 or not tile.v_in_registers:
         raise ValueError(f"V from registers (pv_registers.cuh) is written for the raw layout's tiles of 64 heads "
                          f"and 64 or 128 rows, or 16 or 32 heads and 128 rows (two warpgroups' 64-row products), "

@@ -5,9 +5,10 @@ ptxas serializes every wgmma of a kernel (each product waits for the previous on
 anything reads an accumulator while a product into it may still be in flight (info C7514: TileLang
 emits an operand fence after every asynchronous `T.wgmma_gemm`, so a product left in flight across
 a loop's back edge is enough) or when the pipeline's registers do not fit (C7511: a tile near 255
-registers given one more branch around its products), and nothing but ptxas's info line says so. The check
-compiles the source once more with `--ptxas-options=-v` (TileLang's own compile keeps that output
-to itself), so it runs where it is asked for: `dsaops kernels compile --ptxas` and the CI tests.
+registers given one more branch around its products), and nothing but ptxas's info line says so.
+The check compiles the source once more with `--ptxas-options=-v` (TileLang's own compile keeps
+that output to itself), so it runs where it is asked for: `dsaops kernels compile --ptxas` and the
+CI tests.
 """
 from __future__ import annotations
 

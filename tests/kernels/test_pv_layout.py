@@ -176,7 +176,7 @@ def test_the_kernels_read_q_in_the_full_bank_swizzle(gather_sources):
         assert layouts and {layout for layout, _ in layouts} == {"1"}
 
 
-SPLIT_Q = re.compile(r"dsaops_pv::split_q<(\d+), (\d+), (\d+)>\(.*?\(\(fp8_e4_t\*\)(q_hi)\)\[0\]\)\), "
+SPLIT_Q = re.compile(r"dsaops_pv::split_q<(\d+), (\d+), (\d+)>\(.*?\(\(fp8_e4_t\*\)q_hi\)\[0\]\)\), "
                      r"\(&\(\(\(fp8_e4_t\*\)(q_hi|q_lo)\)\[0\]\)\), (\d+), ")
 
 
@@ -186,8 +186,8 @@ def split_q_call_mismatches(source, tile, d_tail):
     operand, or rows heads.. of the stacked one). [] when the one call matches."""
     calls = SPLIT_Q.findall(source)
     assert len(calls) == 1, "not one split_q call in this source"
-    heads, width, rows, _, lo, lo_row = calls[0]
-    stacked = tile.transposed_scores and tile.heads_per_block == 16  # decode_regs.decode_program's
+    heads, width, rows, lo, lo_row = calls[0]
+    stacked = decode_regs.stacked_halves(tile)
     want = (tile.heads_per_block, 512 + d_tail, 2 * tile.heads_per_block if stacked else tile.heads_per_block,
             "q_hi" if stacked else "q_lo", tile.heads_per_block if stacked else 0)
     got = (int(heads), int(width), int(rows), lo, int(lo_row))
@@ -204,6 +204,6 @@ def test_a_low_half_over_the_high_one_would_be_found(gather_sources):
     """Negative control: the stacked 16-head tile's low half written at row 0, over the high half."""
     tile, d_tail = tiles.NARROW_TILES[16], 64
     source = gather_sources[tile, d_tail]
-    broken = SPLIT_Q.sub(lambda m: m.group(0).replace(f", {m.group(6)}, ", ", 0, "), source)
+    broken = SPLIT_Q.sub(lambda m: m.group(0).replace(f", {m.group(5)}, ", ", 0, "), source)
     assert broken != source
     assert split_q_call_mismatches(broken, tile, d_tail) == [("lo_row", 0, 16)]
