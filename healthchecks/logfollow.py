@@ -77,11 +77,9 @@ class LogFollower(BackgroundLoop):
     def _names(self) -> list[str]:
         return [self.path] + [f"{self.path}.{i}" for i in range(1, ROTATED + 1)]
 
-    def _queue_newer(self, names: list[str]) -> None:
-        """Queue the files rotated after the one being read (PATH.(i-1) … PATH.1); PATH follows."""
-        for newer in reversed(names):
-            if (opened := self._open(newer, quiet=True)) is not None:
-                self._queue.append(_File(*opened))
+    def _open_newer(self, names: list[str]) -> list[_File]:
+        """The files rotated after the one being read (PATH.(i-1) … PATH.1), oldest first; PATH follows."""
+        return [_File(*opened) for newer in reversed(names) if (opened := self._open(newer, quiet=True))]
 
     def resume(self, position: dict | None) -> None:
         """Before start: continue where a previous exporter stopped (LogState.position)."""
@@ -103,7 +101,7 @@ class LogFollower(BackgroundLoop):
                 os.close(fd)
                 continue
             self._file = _File(fd, st, position["offset"])
-            self._queue_newer(names[1:i])
+            self._queue = self._open_newer(names[1:i])
             self.events["resumed"] += 1
             return
         self.events["reread"] += 1
@@ -159,14 +157,29 @@ class LogFollower(BackgroundLoop):
         if (now.st_dev, now.st_ino) != f.ident:  # rotated: the old file is read to its end, move on
             if os.fstat(f.fd).st_size > f.offset:  # written just before the rename
                 return True
-            self.events["rotated"] += 1
-            names = self._names()  # rotated more than once since the last look: the files between come first
-            where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), 1)
-            self._queue_newer(names[1:where])
-            return self._next()
+            return self._rotated(f)
         if now.st_size < f.offset:  # truncated in place (changed first bytes: the next step's look)
             return self._truncated(f)
         return False
+
+    def _rotated(self, f: _File) -> bool:
+        """Queue the files written after f, oldest first, PATH last (rotated more than once since
+        the last look: the files between come first). They are opened by name, so they count only
+        if f has not moved on meanwhile: another rotation would have put a newer file under a name,
+        or left PATH missing for a moment, and the file between would be skipped; look again."""
+        names = self._names()
+        where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), None)
+        newer = self._open_newer(names[1:where or 1])
+        current = self._open(self.path, quiet=True)
+        if current is None or (where is not None and _ident(names[where]) != f.ident):
+            for opened in newer:
+                opened.close()
+            if current is not None:
+                os.close(current[0])
+            return current is not None  # moved on: at once; PATH missing: at the next poll
+        self.events["rotated"] += 1
+        self._queue += [*newer, _File(*current)]
+        return self._next()
 
     def _truncated(self, f: _File) -> bool:
         """Start over at the beginning of the same file, never reading on from the old offset."""

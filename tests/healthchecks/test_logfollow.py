@@ -215,6 +215,55 @@ def test_a_different_file_at_the_path_is_read_from_its_beginning(tmp_path, follo
     assert wait_for(lambda: "TP3" in state.kv, 5) and f.events["reread"] == 1
 
 
+@pytest.mark.parametrize("second", ["done", "half done"])
+def test_a_rotation_while_the_follower_looks_at_one_skips_no_file(tmp_path, monkeypatch, second):
+    """The writer rotates again between the follower finding where its file went and opening the
+    files after it: done (PATH is a newer file) or half done (PATH missing for a moment)."""
+    from dsaops.healthchecks import logfollow
+
+    log = tmp_path / "sglang.log"
+    log.write_text(kv_line(0, "TP0"))
+    state, errors = LogState(), ErrorCounts()
+    f = LogFollower(str(log), state, errors)
+    seen = []
+    original = state.feed
+    state.feed = lambda line: (seen.append(line.split("]")[0].split()[-1]), original(line))
+
+    def drain():
+        for _ in range(20):
+            f.step()
+
+    def rotate(then_write=None):
+        for i in (2, 1):
+            if (tmp_path / f"sglang.log.{i}").exists():
+                os.replace(tmp_path / f"sglang.log.{i}", tmp_path / f"sglang.log.{i + 1}")
+        os.replace(log, tmp_path / "sglang.log.1")
+        if then_write:
+            log.write_text(then_write)
+
+    try:
+        drain()
+        rotate(kv_line(1, "TP1"))
+        real, calls = logfollow._ident, []
+
+        def ident_then_rotate(name):
+            found = real(name)
+            if not calls:
+                calls.append(name)
+                rotate(kv_line(2, "TP2") if second == "done" else None)
+            return found
+
+        monkeypatch.setattr(logfollow, "_ident", ident_then_rotate)
+        drain()
+        if second == "half done":
+            log.write_text(kv_line(2, "TP2"))
+            drain()
+        assert calls and seen == ["TP0", "TP1", "TP2"], seen
+        assert errors.counts()["log"] == 0  # PATH missing mid-rotation is no error
+    finally:
+        f.stop()
+
+
 def test_rotation_by_the_servers_writer_while_followed_and_while_down(tmp_path):
     """`dsaops log-writer` (the image's own rotation) fed fast by a real process: every line reaches
     the follower in order, across rotations while it follows and while it is down."""
