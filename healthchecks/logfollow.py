@@ -77,16 +77,11 @@ class LogFollower(BackgroundLoop):
     def _names(self) -> list[str]:
         return [self.path] + [f"{self.path}.{i}" for i in range(1, ROTATED + 1)]
 
-    def _open_newer(self, names: list[str]) -> list[_File]:
-        """The files rotated after the one being read (PATH.(i-1) … PATH.1), oldest first; PATH follows."""
-        return [_File(*opened) for newer in reversed(names) if (opened := self._open(newer, quiet=True))]
-
     def resume(self, position: dict | None) -> None:
         """Before start: continue where a previous exporter stopped (LogState.position)."""
         if not position:
             return
-        names = self._names()
-        for i, name in enumerate(names):
+        for name in self._names():
             found = self._open(name, quiet=True)
             if found is None:
                 continue
@@ -100,8 +95,7 @@ class LogFollower(BackgroundLoop):
             if not same:
                 os.close(fd)
                 continue
-            self._file = _File(fd, st, position["offset"])
-            self._queue = self._open_newer(names[1:i])
+            self._file = _File(fd, st, position["offset"])  # at its end, the rotation look finds the newer ones
             self.events["resumed"] += 1
             return
         self.events["reread"] += 1
@@ -169,7 +163,7 @@ class LogFollower(BackgroundLoop):
         or left PATH missing for a moment, and the file between would be skipped; look again."""
         names = self._names()
         where = next((i for i, name in enumerate(names[1:], 1) if _ident(name) == f.ident), None)
-        newer = self._open_newer(names[1:where or 1])
+        newer = [_File(*opened) for name in reversed(names[1:where or 1]) if (opened := self._open(name, quiet=True))]
         current = self._open(self.path, quiet=True)
         if current is None or (where is not None and _ident(names[where]) != f.ident):
             for opened in newer:
