@@ -75,27 +75,28 @@ def smem_bytes(tile: Tile, d_tail: int, d_v: int = D_V) -> int:
             + _COMPILER_EXTRA)
 
 
-# Hopper, raw layout, 64 heads a block (and any head count where a batch is too small to fill the GPU
-# with 128-row splits): P.V with V in registers (pv_registers.cuh). Without a V buffer 128-row tiles
-# fit, which halve the barriers and reductions a row; 64-row tiles for the small batches
-# (too_few_queries), which allow twice the splits.
+# Hopper, raw layout, 64 heads a block: P.V with V in registers (pv_registers.cuh). Without a V
+# buffer 128-row tiles fit, which halve the barriers and reductions a row; with a d_tail, two
+# 128-row stages of 576-byte rows and q's halves exceed sm_90's budget: 64-row tiles.
 REGISTER_V_TILE = Tile(64, 128, 2, v_in_registers=True)
-REGISTER_V_TILE_FEW_QUERIES = Tile(64, 64, 2, v_in_registers=True)
-# Hopper, raw layout, 16 or 32 heads a block (H <= 32): scores and P.V computed transposed, the
-# heads as wgmma's N, instead of padded to 64 (decode_regs' narrow tiles)
+REGISTER_V_TILE_64_ROWS = Tile(64, 64, 2, v_in_registers=True)
+# Hopper, raw layout, 16 or 32 heads a block (H <= 32, and every H for too few queries): scores and
+# P.V computed transposed, the heads as wgmma's N, instead of padded to 64 (decode_regs' narrow tiles)
 NARROW_TILES = {hb: Tile(hb, 128, 2, v_in_registers=True) for hb in (16, 32)}
 # Each 128-row tile above as a cluster of two splits that merge through distributed shared memory:
 # the dispatch's kernel where a call has two splits (no merge kernel, no partial through L2). The
-# 64-row tile never gets two splits (too_few_queries leaves at most 2 blocks, which take 32).
+# 64-row tile has none: two splits of it run the merge kernel.
 PAIRED = {tile: dataclasses.replace(tile, pairs=True) for tile in (REGISTER_V_TILE, *NARROW_TILES.values())}
 
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
-    """Whether S queries are so few that the 64-row tile, with twice the splits, beats the 128-row
-    tiles: one block for every 128 top-k rows of each 64-head block fills at most a quarter of the
-    SMs. On the H200 (132 SMs, top-k 2048) the 64-row tile's 32 splits run H = 64 at S = 1 and 2
-    in 12.3 and 13.2 us against 13.4 and 13.8 for 16 one-tile splits of 128 rows, which are faster
-    from S = 3 (14.3 against 15.2 us), where the merge reads 32 partials a query."""
+    """Whether S queries are so few that 16-head blocks of the narrow tile, one 128-row tile a
+    split, beat the query's own head blocks: one block for every 128 top-k rows of each 64-head
+    block fills at most a quarter of the SMs, so a block for every 128 rows of each 16 heads fills
+    at most all of them. On the H200 (132 SMs, top-k 2048), 16-head blocks ran H = 32 at S = 1 and
+    2 in 9.5 and 9.7 us (against 10.2 and 10.5 for the 64-row tile, padded), H = 64 at S = 1 and 2
+    in 9.6 and 11.6 (10.9, 11.8) and H = 128 at S = 1 in 11.5 (11.7); past that (H = 64, S = 3;
+    H = 128, S = 2) the query's own head blocks were 3% faster."""
     return 4 * S * -(-heads // REGISTER_V_TILE.heads_per_block) * -(-topk // REGISTER_V_TILE.block_rows) <= sm_count
 
 
@@ -124,20 +125,17 @@ def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_q
 
     d_tail: the MLA layout's tail (the dispatch passes the call's; 64 by default, the larger).
     row_scaled: a tile for the row-scaled layout (decode_smem, V upcast in shared memory).
-    few_queries: the batch is too small for the 128-row tiles (too_few_queries).
+    few_queries: the batch is too small to fill the GPU with the query's own head blocks
+    (too_few_queries): 16-head blocks.
     """
     hb = heads_per_block(heads)
     budget = target.smem_per_block_bytes
     if target.has("wgmma") and not row_scaled:
         # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
-        # 64. With too few queries a 32- or 64-head block takes the 64-row tile, its heads padded to
-        # wgmma's M of 64 (the narrow tiles' products need 128 rows, 64 a warpgroup). A 16-head block
-        # keeps its tile: 16 one-tile splits ran H = 16 at S = 1 to 8 in 10.1-13.5 us on the H200,
-        # the padded tile in 11.4-16.3. A 64-head block with a d_tail takes the 64-row tile too: two
-        # 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
-        padded = few_queries and hb > 16
-        preferred = REGISTER_V_TILE_FEW_QUERIES if padded else NARROW_TILES.get(hb, REGISTER_V_TILE)
-        for tile in (preferred, REGISTER_V_TILE_FEW_QUERIES):
+        # 64; 16 for any head count with too few queries. A 64-head block with a d_tail takes the
+        # 64-row tile: two 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
+        preferred = NARROW_TILES[16] if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
+        for tile in (preferred, REGISTER_V_TILE_64_ROWS):
             if smem_bytes(tile, d_tail) <= budget:
                 return tile
     if hb == 32 and target.has("wgmma"):

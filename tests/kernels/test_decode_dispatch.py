@@ -33,9 +33,8 @@ def test_tiles_come_from_the_targets_table(heads, block_heads, d_tail):
         if name == "gfx942" and block_heads >= 32:
             want = 16 if d_tail else 32  # its 64 KB of LDS: two or four blocks a query
         assert tile.heads_per_block == want
-        if t.has("wgmma"):  # too few queries for the 128-row tiles: wgmma's M of 64 pads 32 heads
-            few = tiles.choose(t, heads, d_tail=d_tail, few_queries=True)
-            assert few.heads_per_block == (16 if block_heads == 16 else 64)
+        if t.has("wgmma"):  # too few queries to fill the GPU with the query's own head blocks
+            assert tiles.choose(t, heads, d_tail=d_tail, few_queries=True) == tiles.NARROW_TILES[16]
         assert tiles.smem_bytes(tile, d_tail) <= t.smem_per_block_bytes
 
 
@@ -59,10 +58,9 @@ def test_hopper_takes_v_in_registers_for_the_raw_layout_only():
         assert tiles.choose(hopper, heads, d_tail=0) == (tiles.NARROW_TILES[hb] if hb < 64 else tiles.REGISTER_V_TILE)
         # 64 heads with a d_tail: two 128-row buffers of 576-byte rows and q's halves do not fit
         assert tiles.choose(hopper, heads, d_tail=64) == (tiles.NARROW_TILES[hb] if hb < 64
-                                                          else tiles.REGISTER_V_TILE_FEW_QUERIES)
-        # a 16-head block keeps its own tile at every batch size
-        assert tiles.choose(hopper, heads, few_queries=True) == (tiles.NARROW_TILES[16] if hb == 16
-                                                                 else tiles.REGISTER_V_TILE_FEW_QUERIES)
+                                                          else tiles.REGISTER_V_TILE_64_ROWS)
+        # too few queries: 16-head blocks, whatever the head count
+        assert tiles.choose(hopper, heads, few_queries=True) == tiles.NARROW_TILES[16]
         assert not tiles.choose(hopper, heads, row_scaled=True).v_in_registers  # its P.V scales P per row
         for name in ("sm_121", "gfx942"):  # no wgmma: the register operand is a Hopper product's
             assert not tiles.choose(targets.get(name), heads).v_in_registers
@@ -97,18 +95,21 @@ def test_a_cluster_pair_needs_the_register_accumulator():
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (2, 64, True), (3, 64, False), (8, 64, False),
                                                  (2, 32, True), (3, 32, False), (1, 128, True), (2, 128, False)])
 def test_few_queries_is_when_128_row_splits_fill_a_quarter_of_the_sms(S, heads, few):
-    """H200, top-k 2048: the 64-row tile's 32 splits were faster up to 32 blocks of 128 rows, 16
-    one-tile splits of 128 rows from 48 (S = 3 at H = 64)."""
+    """H200, top-k 2048: 16-head blocks of one-tile splits were faster up to 32 blocks of 128 rows
+    of 64 heads (128 of 16 heads), the query's own head blocks from 48 (S = 3 at H = 64)."""
     assert tiles.too_few_queries(S, heads, 2048, sm_count=132) is few
 
 
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 16, (16, 128, 16)), (8, 16, (16, 128, 16)),
-                                                  (1, 32, (64, 64, 32)), (3, 32, (32, 128, 16)),
-                                                  (2, 64, (64, 64, 32)), (3, 64, (64, 128, 16)),
-                                                  (8, 64, (64, 128, 16)), (2, 128, (64, 128, 16))])
+                                                  (1, 32, (16, 128, 16)), (2, 32, (16, 128, 16)),
+                                                  (3, 32, (32, 128, 16)), (1, 64, (16, 128, 16)),
+                                                  (2, 64, (16, 128, 16)), (3, 64, (64, 128, 16)),
+                                                  (8, 64, (64, 128, 16)), (1, 128, (16, 128, 16)),
+                                                  (2, 128, (64, 128, 16))])
 def test_small_batches_take_the_tile_and_splits_measured_fastest(S, heads, want):
     """(heads a block, rows a tile, splits) at top-k 2048 on the H200's 132 SMs, each the fastest of
-    the 64-row and 128-row tiles at 8 to 32 splits there (docs/perf-log/2026-12-02.md)."""
+    the 64-row, 128-row and 16-head tiles at 8 to 32 splits there (docs/perf-log/2026-12-02.md and
+    2026-12-03.md)."""
     tile, n = decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)
     assert (tile.heads_per_block, tile.block_rows, n) == want
 
@@ -123,7 +124,7 @@ def test_v_in_registers_is_refused_where_it_was_not_written_for():
             decode.program(targets.get("sm_90"), tile, 0, row_scaled=row_scaled)
 
 
-@pytest.mark.parametrize(("S", "want"), [(1, 32), (16, 8), (48, 2), (64, 2), (80, 3), (100, 1), (128, 1), (160, 2),
+@pytest.mark.parametrize(("S", "want"), [(1, 16), (16, 8), (48, 2), (64, 2), (80, 3), (100, 1), (128, 1), (160, 2),
                                          (192, 2), (256, 1), (320, 2), (384, 1), (448, 2), (512, 1)])
 def test_the_split_fills_the_waves_of_sms(S, want):
     """H200, H=64, top-k 2048: one wave of blocks down to a tile a split at small batches; where one

@@ -78,7 +78,7 @@ def test_rows_in_order_would_conflict():
 
 
 # one tile of each V-in-registers shape, with and without the d_tail copy beside the gather
-GATHER_TILES = ((tiles.REGISTER_V_TILE, 0), (tiles.REGISTER_V_TILE_FEW_QUERIES, 64), (tiles.NARROW_TILES[16], 64),
+GATHER_TILES = ((tiles.REGISTER_V_TILE, 0), (tiles.REGISTER_V_TILE_64_ROWS, 64), (tiles.NARROW_TILES[16], 64),
                 (tiles.NARROW_TILES[32], 0))
 ROW_IDS = re.compile(r"\brid\[(i_\d+)\] = ids\[(.+)\];")
 COPY = re.compile(r"cp_async_gs_conditional<16>\(\(&\(\(\(fp8_e4_t\*\)k_s\)\[(.+?)\]\)\), \(&\(kv\[(.+?)\]\)\)")
