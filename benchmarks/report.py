@@ -226,7 +226,7 @@ def decode_section(r: dict, path: Path, link: Callable[[Path], str]) -> list[str
                 ("× SGLang bf16", "sglang_bf16_us", lambda c: times(c, "sglang_bf16_us")),
                 ("eager host µs, least / median", "eager_host_us",
                  lambda c: f"{c['eager_host_us']} / {c.get('eager_host_us_median', '–')}"),
-            ]), ""]
+            ]), "", *products_ceiling(r)]
     out += failures(r)
     errs = [c for c in cases if any(c.get(k) is not None for k in ("rel_err", "err_vs_bf16"))]
     if errs:
@@ -310,6 +310,36 @@ def decode_section(r: dict, path: Path, link: Callable[[Path], str]) -> list[str
                        [[k["kernel"], f"{k['rows']:,}", f"{k['width']} B", k["us"], k["gb_s"], f"{k['pct_of_copy']}%"]
                         for k in copies]), ""]
     return out
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+D_V = 512  # the benchmark's geometry (GLM-5.3-Flash's NoPE decode): the roofline's bytes and FLOPs a row
+
+
+def products_ceiling(r: dict) -> list[str]:
+    """What the accurate products leave of the roofline, from the run's own copy and matmul rates:
+    QK^T and P.V each take two e4m3 products (q's halves, P's halves), twice the roofline's FLOPs."""
+    ceiling, rate = {}, {}
+    for c in r["cases"]:
+        bytes_us = c["S"] * c["topk"] * D_V / (r["copy_tb_s"] * 1e6)
+        flops_us = 2 * c["S"] * c["H"] * c["topk"] * 2 * D_V / (r["fp8_mm_tflops"] * 1e6)
+        if 2 * flops_us > bytes_us:
+            ceiling[c["H"]] = 100 * max(bytes_us, flops_us) / (2 * flops_us)
+        if c["S"] >= 64 and flops_us >= bytes_us:
+            rate.setdefault(c["H"], []).append(100 * 2 * flops_us / c["dsaops_fp8_us"])
+    if not ceiling:
+        return []
+    text = ("Ceiling: QKᵀ and P·V each run as two e4m3 products (q's two halves and P's two halves, for bf16's "
+            "precision, which the accuracy targets ask for), twice the FLOPs the roofline counts. At this run's "
+            "matmul rate those products alone cap the share of the roofline at "
+            + _and([f"{ceiling[H]:.0f}% at H = {H}" for H in sorted(ceiling)]) + ".")
+    for H, shares in sorted(rate.items()):
+        text += (f" At H = {H}, S ≥ 64, where the FLOPs bound the roofline, the calls ran the products at "
+                 f"{min(shares):.0f}–{max(shares):.0f}% of that rate, prologue and store included.")
+    return [text, ""]
 
 
 def failures(r: dict) -> list[str]:

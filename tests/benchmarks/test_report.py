@@ -209,3 +209,19 @@ def test_each_decode_target_is_decided_by_its_numbers():
     }
     result["cases"][1]["flashmla_us"] = 150.0 * 1.2999                 # judged unrounded: 1.2999 is not 1.3
     assert report.DECODE_TARGETS[3].verdict(result)[0] is False
+
+
+def test_the_products_ceiling_follows_the_runs_rates(bench, tmp_path):
+    """Two e4m3 products for each of QKᵀ and P·V: twice the roofline's FLOPs. At the committed run's
+    rates H = 128 is FLOP-bound (a 50% ceiling) and H = 64 byte-bound (58%); at twice the matmul rate
+    H = 64 has none and H = 128 is byte-bound in turn."""
+    out = tmp_path / "BENCHMARKS.md"
+    assert render(bench, out).returncode == 0
+    text = out.read_text()
+    assert "cap the share of the roofline at 58% at H = 64 and 50% at H = 128." in text
+    assert "At H = 128, S ≥ 64, where the FLOPs bound the roofline, the calls ran the products at 73–74%" in text
+    edit(bench / "h200-decode.json", lambda d: d.update(fp8_mm_tflops=2 * d["fp8_mm_tflops"]))
+    assert render(bench, out).returncode == 0
+    text = out.read_text()
+    assert "cap the share of the roofline at 58% at H = 128." in text
+    assert "where the FLOPs bound the roofline" not in text
