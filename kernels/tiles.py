@@ -90,14 +90,17 @@ PAIRED = {tile: dataclasses.replace(tile, pairs=True) for tile in (REGISTER_V_TI
 
 
 def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
-    """Whether S queries are so few that 16-head blocks of the narrow tile, one 128-row tile a
-    split, beat the query's own head blocks: one block for every 128 top-k rows of each 64-head
-    block fills at most a quarter of the SMs, so a block for every 128 rows of each 16 heads fills
-    at most all of them. On the H200 (132 SMs, top-k 2048), 16-head blocks ran H = 32 at S = 1 and
-    2 in 9.5 and 9.7 us (against 10.2 and 10.5 for the 64-row tile, padded), H = 64 at S = 1 and 2
-    in 9.6 and 11.6 (10.9, 11.8) and H = 128 at S = 1 in 11.5 (11.7); past that (H = 64, S = 3;
-    H = 128, S = 2) the query's own head blocks were 3% faster."""
-    return 4 * S * -(-heads // REGISTER_V_TILE.heads_per_block) * -(-topk // REGISTER_V_TILE.block_rows) <= sm_count
+    """Whether S queries are so few that 16-head blocks of the narrow tile beat the query's own
+    head blocks: for 64-head blocks, while one block for every 128 top-k rows of each 16 heads fills
+    at most one wave of SMs; for a 32-head block (H = 17 to 32), whose own tile runs QK^T as two
+    products, up to 2.5 waves. On the H200 (132 SMs, top-k 2048, rotated), 16-head blocks ran
+    H = 64 at S = 1 and 2 in 9.6 and 11.6 us (the 64-row tile, heads padded: 10.9, 11.8) and H = 128
+    at S = 1 in 11.5 (11.7), where at H = 64, S = 3 and H = 128, S = 2 the query's own blocks were 3%
+    faster; and H = 32 at S = 1 to 10 in 9.5-16.4 us, 5-16% faster than the 32-head tile or the padded
+    one, equal at S = 12 (18.3) and 11% slower at S = 16 (20.5 against 18.5)."""
+    one_tile_blocks = S * -(-heads // 16) * -(-topk // 128)
+    waves = 2.5 if heads_per_block(heads) == 32 else 1
+    return one_tile_blocks <= waves * sm_count
 
 
 @dataclass(frozen=True)

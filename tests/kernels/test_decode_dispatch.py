@@ -93,16 +93,19 @@ def test_a_cluster_pair_needs_the_register_accumulator():
 
 
 @pytest.mark.parametrize(("S", "heads", "few"), [(1, 64, True), (2, 64, True), (3, 64, False), (8, 64, False),
-                                                 (2, 32, True), (3, 32, False), (1, 128, True), (2, 128, False)])
-def test_few_queries_is_when_128_row_splits_fill_a_quarter_of_the_sms(S, heads, few):
-    """H200, top-k 2048: 16-head blocks of one-tile splits were faster up to 32 blocks of 128 rows
-    of 64 heads (128 of 16 heads), the query's own head blocks from 48 (S = 3 at H = 64)."""
+                                                 (2, 48, True), (3, 48, False), (1, 128, True), (2, 128, False),
+                                                 (1, 100, True), (2, 100, False), (3, 32, True), (10, 32, True),
+                                                 (11, 32, False), (16, 32, False), (10, 24, True), (11, 24, False)])
+def test_few_queries_is_while_16_head_blocks_fill_few_waves(S, heads, few):
+    """H200, top-k 2048: 16-head blocks of one-tile splits were faster up to one wave of them
+    (S = 2 at H = 64, S = 1 at H = 128), and for a 32-head block up to 2.5 waves (S = 10 at H = 32)."""
     assert tiles.too_few_queries(S, heads, 2048, sm_count=132) is few
 
 
 @pytest.mark.parametrize(("S", "heads", "want"), [(1, 16, (16, 128, 16)), (8, 16, (16, 128, 16)),
                                                   (1, 32, (16, 128, 16)), (2, 32, (16, 128, 16)),
-                                                  (3, 32, (32, 128, 16)), (1, 64, (16, 128, 16)),
+                                                  (3, 32, (16, 128, 16)), (10, 32, (16, 128, 6)),
+                                                  (11, 32, (32, 128, 8)), (1, 64, (16, 128, 16)),
                                                   (2, 64, (16, 128, 16)), (3, 64, (64, 128, 16)),
                                                   (8, 64, (64, 128, 16)), (1, 128, (16, 128, 16)),
                                                   (2, 128, (64, 128, 16))])
