@@ -95,8 +95,9 @@ def test_topk_beyond_one_splits_row_ids_is_split_and_padded(target):
     assert rel_err(out, reference.sparse_mla_decode(q, kv, idx, D_V**-0.5)) <= 0.01
 
 
-# Batches and head counts below reach several of the tiles the dispatch has on sm_90: the 64-row tile
-# (few queries), the 128-row tiles alone and as two-split clusters (S = 64: tiles.PAIRED);
+# Batches and head counts below reach several of the tiles the dispatch has on sm_90: 16-head blocks
+# (few queries), the 64-row tile (d_tail 64), the 128-row tiles alone and as two-split clusters
+# (S = 64: tiles.PAIRED);
 # test_each_hopper_tile_matches_reference forces every one of them
 @pytest.mark.parametrize(("S", "H"), [(8, 64), (64, 16)])
 def test_scrambled_indices_fail_the_comparator(S, H, target):
