@@ -75,7 +75,7 @@ def test_decode_launches_the_compiled_entry_under_tilelangs_wrapper(built, monke
 
 
 def test_hopper_uses_wgmma_and_gb10_does_not(built):
-    assert built["sm_90"][(tiles.choose(targets.get("sm_90"), 64), 0)].uses_wgmma
+    assert built["sm_90"][(tiles.choose(targets.get("sm_90"), 64, d_tail=0), 0)].uses_wgmma
     assert not any(b.uses_wgmma for b in built["sm_121"].values())
 
 
