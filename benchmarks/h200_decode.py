@@ -67,14 +67,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: `benchmarks`
-from benchmarks.report import DECODE_TARGETS, sweep_plot
+from benchmarks.report import D_V, DECODE_TARGETS, roofline_terms, sweep_plot
 from benchmarks.run_info import gpu_machine, run_info
 from dsaops.errors import UserError
 
 HEADS = (16, 32, 64, 128)
 BATCHES = (1, 16, 64, 256)
 TOPK = 2048
-D_V = 512
 SLOTS = 1 << 20
 SM_SCALE = D_V**-0.5
 ACCURACY_HEADS = (16, 64, 128)
@@ -388,8 +387,7 @@ def _flashmla_case(run, S, H, sets):
 
 
 def roofline_us(S, H, copy_tb_s, fp8_tflops, valid=TOPK):
-    flops = 2 * S * H * valid * (D_V + D_V)
-    return max(S * valid * D_V / (copy_tb_s * 1e12), flops / (fp8_tflops * 1e12)) * 1e6
+    return max(roofline_terms(S, H, valid, copy_tb_s, fp8_tflops))
 
 
 def _ratio(peer, ours):

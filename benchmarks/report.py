@@ -316,7 +316,14 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-D_V = 512  # the benchmark's geometry (GLM-5.3-Flash's NoPE decode): the roofline's bytes and FLOPs a row
+D_V = 512  # the decode benchmark's geometry (GLM-5.3-Flash's NoPE decode): a row's fp8 bytes, V's width
+
+
+def roofline_terms(S: int, H: int, rows: int, copy_tb_s: float, fp8_tflops: float) -> tuple[float, float]:
+    """The roofline's two bounds in us for S queries of H heads over `rows` top-k rows each: the fp8
+    rows read once at the copy bandwidth, and QK^T's and P.V's FLOPs at the fp8 matmul rate."""
+    return (S * rows * D_V / (copy_tb_s * 1e6),
+            2 * S * H * rows * (D_V + D_V) / (fp8_tflops * 1e6))
 
 
 def products_ceiling(r: dict) -> list[str]:
@@ -324,8 +331,7 @@ def products_ceiling(r: dict) -> list[str]:
     QK^T and P.V each take two e4m3 products (q's halves, P's halves), twice the roofline's FLOPs."""
     ceiling, rate = {}, {}
     for c in r["cases"]:
-        bytes_us = c["S"] * c["topk"] * D_V / (r["copy_tb_s"] * 1e6)
-        flops_us = 2 * c["S"] * c["H"] * c["topk"] * 2 * D_V / (r["fp8_mm_tflops"] * 1e6)
+        bytes_us, flops_us = roofline_terms(c["S"], c["H"], c["topk"], r["copy_tb_s"], r["fp8_mm_tflops"])
         if 2 * flops_us > bytes_us:
             ceiling[c["H"]] = 100 * max(bytes_us, flops_us) / (2 * flops_us)
         if c["S"] >= 64 and flops_us >= bytes_us:

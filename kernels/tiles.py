@@ -98,7 +98,8 @@ def too_few_queries(S: int, heads: int, topk: int, sm_count: int) -> bool:
     at S = 1 in 11.5 (11.7), where at H = 64, S = 3 and H = 128, S = 2 the query's own blocks were 3%
     faster; and H = 32 at S = 1 to 10 in 9.5-16.4 us, 5-16% faster than the 32-head tile or the padded
     one, equal at S = 12 (18.3) and 11% slower at S = 16 (20.5 against 18.5)."""
-    one_tile_blocks = S * -(-heads // 16) * -(-topk // 128)
+    narrow = NARROW_TILES[16]
+    one_tile_blocks = S * -(-heads // narrow.heads_per_block) * -(-topk // narrow.block_rows)
     waves = 2.5 if heads_per_block(heads) == 32 else 1
     return one_tile_blocks <= waves * sm_count
 
