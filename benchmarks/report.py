@@ -55,12 +55,25 @@ class Target:
         if not found:
             return None, "–"
         worst = max(found) if self.op.startswith("<") else min(found)
-        ok = {"<=": worst[0] <= self.limit, "<": worst[0] < self.limit, ">=": worst[0] >= self.limit}[self.op]
-        measured = f"{_num(worst[0])}{self.unit} ({worst[1]})"
+        ok = self.holds(worst[0])
+        shown = self.shown(worst[0])
+        measured = f"{shown}{self.unit} ({worst[1]})"
         if len(found) > 1:
             lo, hi = min(v for v, _ in found), max(v for v, _ in found)
-            measured = f"worst {measured}; {len(found)} cases {_num(lo)}–{_num(hi)}{self.unit}"
+            lo_text, hi_text = (_num(lo), shown) if self.op.startswith("<") else (shown, _num(hi))
+            measured = f"worst {measured}; {len(found)} cases {lo_text}–{hi_text}{self.unit}"
         return ok, measured
+
+    def holds(self, value: float) -> bool:
+        return {"<=": value <= self.limit, "<": value < self.limit, ">=": value >= self.limit}[self.op]
+
+    def shown(self, value: float) -> str:
+        """value as _num writes it, with more decimals where that rounding would read as the other
+        verdict: a 1.1451× speed-up against ≥ 1.15× shows as 1.145, not 1.15."""
+        text, decimals = _num(value), 3
+        while self.holds(float(text)) != self.holds(value) and decimals <= 6:
+            text, decimals = f"{value:.{decimals}f}", decimals + 1
+        return text
 
     def judge(self, result: dict) -> tuple[str, str, str]:
         """(limit, measured, verdict) cells of the target table."""

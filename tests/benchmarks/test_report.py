@@ -207,8 +207,13 @@ def test_each_decode_target_is_decided_by_its_numbers():
         # and S=16's 25% is shown, not judged
         "300 valid rows of 2,048 at H=64 S=64 (-1 tails): share of the full time": (False, "50% (H=64 S=64)"),
     }
-    result["cases"][1]["flashmla_us"] = 150.0 * 1.2999                 # judged unrounded: 1.2999 is not 1.3
-    assert report.DECODE_TARGETS[3].verdict(result)[0] is False
+    result["cases"][1]["flashmla_us"] = 150.0 * 1.2999                 # judged unrounded: 1.2999 is not 1.3,
+    assert report.DECODE_TARGETS[3].verdict(result) == (                # and not shown as 1.3 either
+        False, "worst 1.2999× (H=64 S=256); 2 cases 1.2999–1.31×")
+    result["cases"][1]["flashmla_us"] = 150.0 * 1.3004                 # met: two decimals read right
+    assert report.DECODE_TARGETS[3].verdict(result) == (True, "worst 1.3× (H=64 S=256); 2 cases 1.3–1.31×")
+    result["cases"][2]["flashmla_us"] = 60.0 * 1.1451                  # a lone case: 1.145, not 1.15
+    assert report.DECODE_TARGETS[4].verdict(result) == (False, "1.145× (H=128 S=64)")
 
 
 def test_the_products_ceiling_follows_the_runs_rates(bench, tmp_path):
