@@ -136,8 +136,8 @@ def choose(target, heads: int, d_tail: int = 64, row_scaled: bool = False, few_q
     budget = target.smem_per_block_bytes
     if target.has("wgmma") and not row_scaled:
         # 16 or 32 heads a block: the narrow tiles, the heads as the products' N instead of padded to
-        # 64; 16 for any head count with too few queries. A 64-head block with a d_tail takes the
-        # 64-row tile: two 128-row buffers of 576-byte rows and q's two halves exceed sm_90's budget
+        # 64; 16 for any head count with too few queries. The 64-row tile where the preferred one
+        # does not fit (a 64-head block with a d_tail: REGISTER_V_TILE_64_ROWS)
         preferred = NARROW_TILES[16] if few_queries else NARROW_TILES.get(hb, REGISTER_V_TILE)
         for tile in (preferred, REGISTER_V_TILE_64_ROWS):
             if smem_bytes(tile, d_tail) <= budget:
