@@ -14,7 +14,8 @@ Timing (kernels/timing.py): GPU time = median of CUDA-graph replays. The headlin
 and every peer's column) is ROTATED: the graph cycles through input sets of q and indices such that
 at least 256 MiB of other rows and indices are read between two calls of one set, so no call finds
 its rows in L2, as in a server. `same_input_us` replays one input set (its rows stay in L2). Eager
-host cost = wall time per call of back-to-back eager calls, least and median of 15 runs. Roofline =
+host cost = wall time per call of back-to-back eager calls, least and median of 15 runs a case, the
+cases' runs taken in turns after the grid's GPU timings. Roofline =
 max(fp8 rows read once / copy bandwidth, FLOPs / fp8 matmul rate), both measured in the run.
 FlashMLA runs as SGLang's DSA backend calls it for an fp8 cache (V32_NO_ROPE, heads padded to 64 or
 128; the padding is done once per input set, not timed). Errors (kernels/accuracy.py) are against
@@ -103,6 +104,8 @@ METHOD = {
     "flashmla": "sgl-flash-mla 1.0.0, V32_NO_ROPE, use_legacy, heads padded to 64 or 128 once per input set (SGLang "
                 "pads on every call; not timed here)",
     "roofline": "max(fp8 rows read once / measured copy bandwidth, FLOPs / measured fp8 matmul rate)",
+    "host": "eager_host_us (_median): least (median) of 15 runs of 200 back-to-back eager calls a case, gc off; the "
+            "cases' runs in turns, after the grid's GPU timings",
 }
 # The grid of a --dry-run (CPU references stand in for the kernels; keep it small)
 DRY = {"heads": (16, 64), "batches": (1, 2), "slots": 4096, "rotate_bytes": 1 << 20, "accuracy_heads": (16,),
@@ -213,8 +216,8 @@ class GpuTimer:
     def rotated(self, fns):
         return round(self.timing.rotated_us(fns), 2)
 
-    def host(self, fn):
-        return tuple(round(x, 2) for x in self.timing.host_us(fn))
+    def host(self, fns):
+        return [tuple(round(x, 2) for x in pair) for pair in self.timing.host_us(fns)]
 
     def ceilings(self):
         return self.timing.ceilings()
@@ -239,9 +242,8 @@ class FakeTimer:
             raise ValueError("a rotation needs at least two input sets")
         return self._fake(fns[-1])
 
-    def host(self, fn):
-        us = self._fake(fn)
-        return us, us
+    def host(self, fns):
+        return [(us, us) for us in map(self._fake, fns)]
 
     def ceilings(self):
         return 4.0, 1200.0
@@ -402,6 +404,7 @@ def run_cases(run, result):
     copy_tb_s, fp8_tflops = result["copy_tb_s"], result["fp8_mm_tflops"]
     pool = run.pool
     cases = result["cases"] = []
+    host_calls = []  # a call of each case, timed on the host after the grid (timing.host_us)
     extra = [parse_tile(spec) for spec in run.args.tiles]
     for H in run.args.heads:
         for S in run.args.batches:
@@ -421,13 +424,16 @@ def run_cases(run, result):
             row["roofline_pct"] = round(100 * roof / row["dsaops_fp8_us"], 1)
             for peer in ("flashmla", "sglang_fp8", "sglang_bf16"):
                 row[f"speedup_vs_{peer}"] = _ratio(row.get(f"{peer}_us"), row["dsaops_fp8_us"])
-            row["eager_host_us"], row["eager_host_us_median"] = run.timer.host(ours[0])
+            host_calls.append(ours[0])
             row |= accuracy.decode_errors(q0, pool["bf16"], idx0, SM_SCALE, run.dsaops(q0, pool["fp8"], idx0),
                                           others={"flashmla_err_vs_bf16": flashmla_out}, digits=5)
             cases.append(row)
             print(json.dumps(row), flush=True)
             for t in extra:
                 print("tile", json.dumps(time_tile(run, t, H, S, sets)), flush=True)
+    for row, (least, median) in zip(cases, run.timer.host(host_calls)):
+        row["eager_host_us"], row["eager_host_us_median"] = least, median
+        print(json.dumps({k: row[k] for k in ("H", "S", "eager_host_us", "eager_host_us_median")}), flush=True)
 
 
 def time_tile(run, tile, H, S, sets):

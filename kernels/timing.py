@@ -4,7 +4,7 @@
 - rotated_us: a graph cycles through several input sets, enough that at least ROTATE_BYTES of
   other rows and indices are read between two calls of one set, so no call finds its rows in
   L2 (50 MB on an H200), as in a server's decode where every step reads new top-k rows.
-- host_us: host wall time of an eager call.
+- host_us: host wall time of an eager call, several calls' runs taken in turns.
 - ceilings: the copy bandwidth and fp8 matmul rate a roofline divides by.
 
 torch and triton are imported on use (benchmarks and `dsaops kernels selftest` share this).
@@ -64,27 +64,33 @@ def rotated_us(fns, rep_ms: int = REP_MS) -> float:
     return replay_us(list(fns) * math.ceil(CALLS_PER_GRAPH / len(fns)), rep_ms)
 
 
-def host_us(fn, calls: int = 200, repeats: int = 15) -> tuple[float, float]:
-    """Host wall time per eager call: (least, median) of `repeats` runs of `calls` back-to-back
-    calls, with the garbage collector off as `timeit` does. A shared host's neighbours move the
-    median; the least is the code's cost. Each call enqueues far less GPU work than the launch
-    queue holds, so the host never waits for the GPU."""
-    import torch
+def host_us(fns, calls: int = 200, repeats: int = 15, sync=None) -> list[tuple[float, float]]:
+    """Host wall time per eager call of each of fns: (least, median) of `repeats` runs of `calls`
+    back-to-back calls, with the garbage collector off as `timeit` does. The runs go in turns, run r
+    of every fn before run r + 1 of any, so a slow phase of a shared host lands on one run of many
+    fns rather than on every run of one; the least is the code's cost, the median moves with the
+    host's neighbours. Each call enqueues far less GPU work than the launch queue holds, so the host
+    never waits for the GPU. sync: waits for the GPU between runs (torch.cuda.synchronize)."""
+    if sync is None:
+        import torch
 
-    fn()
-    torch.cuda.synchronize()
-    runs = []
+        sync = torch.cuda.synchronize
+    for fn in fns:
+        fn()
+    sync()
+    runs = [[] for _ in fns]
     gc.disable()
     try:
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            runs.append((time.perf_counter() - t0) * 1e6 / calls)
-            torch.cuda.synchronize()
+            for fn, times in zip(fns, runs):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times.append((time.perf_counter() - t0) * 1e6 / calls)
+                sync()
     finally:
         gc.enable()
-    return min(runs), statistics.median(runs)
+    return [(min(times), statistics.median(times)) for times in runs]
 
 
 def ceilings() -> tuple[float, float]:

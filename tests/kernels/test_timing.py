@@ -30,3 +30,29 @@ def test_rotated_inputs_miss_l2_where_the_same_input_hits_it():
     calls = [lambda t=t: torch.sum(t.view(1, -1), dim=1, out=out) for t in tensors]  # out= needs a dim
     same, rotated = timing.graph_us(calls[0]), timing.rotated_us(calls)
     assert rotated > 1.1 * same, (same, rotated)
+
+
+
+def test_host_runs_take_turns_so_a_slow_phase_spares_every_calls_least():
+    """Run r of every call before run r + 1 of any, the GPU waited for after each run, one (least,
+    median) a call. A slow phase of the host as long as one call's runs (here: the first four runs,
+    each call 2 ms slower) then slows half the runs of each call, and no call's least; timed one call
+    after the other, it would slow every run of the first call."""
+    log, repeats = [], 4
+
+    def sync():
+        log.append("sync")
+
+    def call(name):
+        def fn():
+            log.append(name)
+            if 1 <= log.count("sync") <= repeats:  # after the warm-up's sync, during the first four runs
+                timing.time.sleep(2e-3)
+        return fn
+
+    times = timing.host_us([call("a"), call("b")], calls=3, repeats=repeats, sync=sync)
+    assert log[:3] == ["a", "b", "sync"]  # a warm-up call each, then the GPU waited for
+    assert log[3:] == (["a"] * 3 + ["sync"] + ["b"] * 3 + ["sync"]) * repeats
+    assert len(times) == 2
+    for least, median in times:
+        assert least < 1000 < median  # two slow runs of four: the median is between a slow and a fast one
