@@ -32,7 +32,6 @@ def test_rotated_inputs_miss_l2_where_the_same_input_hits_it():
     assert rotated > 1.1 * same, (same, rotated)
 
 
-
 def test_host_runs_take_turns_so_a_slow_phase_spares_every_calls_least():
     """Run r of every call before run r + 1 of any, the GPU waited for after each run, one (least,
     median) a call. A slow phase of the host as long as one call's runs (here: the first four runs,
