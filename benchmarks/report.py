@@ -192,9 +192,9 @@ first kernel overlaps the previous call's last). SGLang 0.5.23's `tilelang_spars
 the pinned wheel's file, runs in the same process over a bf16 and a raw fp8 pool. Roofline: the
 larger of the fp8 rows read once over the measured copy bandwidth and the FLOPs over the measured
 fp8 matmul rate. Eager host cost: wall time a call over 200 back-to-back eager calls on one input,
-the least and the median of 15 runs a case with the garbage collector off, the 16 cases' runs taken
-in turns (so a slow phase of the shared host falls on one run of many cases, not on all of one);
-the median moves with the host's neighbours. Which tile runs each case: kernels/README.md."""
+the least and the median of 15 runs a case with the garbage collector off, the cases' runs taken in
+turns (so a slow phase of the shared host falls on one run of many cases, not on all of one); the
+median moves with the host's neighbours. Which tile runs each case: kernels/README.md."""
 
 SAME_INPUT = """\
 Every kernel's time here (dsaops', FlashMLA's, SGLang's, and the short-context, sweep and proxy
