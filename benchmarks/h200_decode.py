@@ -15,8 +15,8 @@ and every peer's column) is ROTATED: the graph cycles through input sets of q an
 at least 256 MiB of other rows and indices are read between two calls of one set, so no call finds
 its rows in L2, as in a server. `same_input_us` replays one input set (its rows stay in L2). Eager
 host cost = wall time per call of back-to-back eager calls, least and median of 15 runs a case, the
-cases' runs taken in turns after the grid's GPU timings. Roofline =
-max(fp8 rows read once / copy bandwidth, FLOPs / fp8 matmul rate), both measured in the run.
+cases' runs taken in turns after the grid's GPU timings. Roofline = max(fp8 rows read once / copy
+bandwidth, FLOPs / fp8 matmul rate), both measured in the run.
 FlashMLA runs as SGLang's DSA backend calls it for an fp8 cache (V32_NO_ROPE, heads padded to 64 or
 128; the padding is done once per input set, not timed). Errors (kernels/accuracy.py) are against
 fp32 attention over the bf16 KV with bf16 q; `rel_err` is the kernel-only error, against fp32
