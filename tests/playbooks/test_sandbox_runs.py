@@ -279,6 +279,11 @@ ONE_NODE = {"dsaops_head": ["node1"], "dsaops_workers": []}
     ("memory fraction on unified memory", {"groups": ONE_NODE, "cluster_vars": {
         "dsaops_tp_size": 1, "dsaops_mem_fraction_static": 0.99}},
      "On unified memory (GB10) vm.min_free_kbytes comes out of the memory SGLang sees"),
+    ("no GPU, target auto", {"groups": ONE_NODE, "cluster_vars": {
+        "dsaops_tp_size": 1, "preflight_require_gpu": True, "dsaops_target": "auto"}},
+     ("Install the NVIDIA driver (nvidia-smi) or ROCm (rocminfo); or, to render everything without starting the "
+      "server, set preflight_require_gpu=false and a target (-e preflight_require_gpu=false -e "
+      "dsaops_target=sm_90|sm_121|gfx942)")),
     ("two heads", {"groups": {"dsaops_head": ["node1", "node2"], "dsaops_workers": []}},
      "must put exactly one host in group dsaops_head"),
     ("TP not divisible", {"cluster_vars": {"dsaops_tp_size": 3}},
