@@ -16,7 +16,7 @@ A rank that vanishes (or turns zombie) is `dsa_worker_up` 0 at once; whether it 
 - the watchdog's "crashed" line names its pid: a death, at once;
 - within `grace` seconds the log may still say so; after that, a clean-stop line
   (`SIGTERM received`) since it started, or exit status 0 (the launcher's join line, or the
-  zombie's own status), is a clean stop;
+  zombie's own status where the watcher has ptrace rights over it: read_stat), is a clean stop;
 - its server stopping as a whole is not a death: its launcher gone, no sibling rank left, or
   the container it ran in stopped or restarted since it started. Ranks of one server may stop
   seconds apart, so this is looked for until `stop_window` seconds have passed since the last
@@ -58,7 +58,7 @@ class ProcStat:
     comm: str
     state: str          # "live" | "zombie" | "gone"
     ticks: str          # start time in clock ticks since boot
-    exit_code: int | None  # a zombie's exit status as multiprocessing reports it (-N: signal N)
+    exit_code: int | None  # a zombie's exit status as multiprocessing reports it (-N: signal N); None unseen
 
 
 def read_stat(proc_root: str, pid: int) -> ProcStat:
@@ -75,10 +75,23 @@ def read_stat(proc_root: str, pid: int) -> ProcStat:
     if fields[0] not in "ZX":
         return ProcStat(comm, "live", fields[19], None)
     code = None
-    if len(fields) >= 50 and fields[49].lstrip("-").isdigit():
+    if len(fields) >= 50 and fields[49].lstrip("-").isdigit() and _status_visible(proc_root, pid):
         status = int(fields[49])
         code = -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
     return ProcStat(comm, "zombie", fields[19], code)
+
+
+def _status_visible(proc_root: str, pid: int) -> bool:
+    """Whether stat's exit status is the zombie's: the kernel writes 0 there for a reader without
+    ptrace read rights over it (another user's process, or one with capabilities the reader lacks,
+    as a --cap-drop ALL exporter has), which would read as a clean exit. /proc/PID/io asks the same
+    check and refuses instead."""
+    try:
+        with open(f"{proc_root}/{pid}/io", "rb") as f:
+            f.read(1)
+    except OSError:
+        return False
+    return True
 
 
 def ns_pid_of(proc_root: str, pid: int) -> int:

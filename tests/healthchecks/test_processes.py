@@ -14,7 +14,7 @@ from dsaops.healthchecks.logfollow import LogFollower
 from dsaops.healthchecks.logparse import CAUSES, LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.oom import KernelOomRecords
-from dsaops.healthchecks.processes import ProcessWatcher
+from dsaops.healthchecks.processes import ProcessWatcher, read_stat
 
 from benchmarks.sglang_standin import log_lines as L
 from tests.healthchecks.watched_ranks import deaths, ranks_up
@@ -189,6 +189,28 @@ def test_unreadable_kernel_log_is_counted_and_retried():
     assert errors.counts()["kmsg"] == 1
     records.close()
     shutil.rmtree(folder)
+
+
+def test_a_zombies_status_without_ptrace_rights_is_unread():
+    """The kernel shows a zombie's exit status as 0 to a reader without ptrace rights over it (here
+    `nobody` reading root's process; in the playbook, the capability-less exporter): unread, not a
+    clean exit. Its owner reads the real status (the negative control)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as nobody and back")
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        assert wait_for(lambda: read_stat("/proc", pid).state == "zombie", 5)
+        assert read_stat("/proc", pid).exit_code == -9
+        os.seteuid(65534)
+        try:
+            seen = read_stat("/proc", pid)
+        finally:
+            os.seteuid(0)
+        assert seen.state == "zombie" and seen.exit_code is None, seen
+    finally:
+        os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize("with_log,sigterm_line", [(True, False), (True, True), (False, False)],
