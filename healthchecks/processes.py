@@ -36,6 +36,7 @@ import os
 import re
 import threading
 import time
+import typing
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
@@ -387,7 +388,12 @@ class ProcessWatcher(BackgroundLoop):
         def sched(rec):
             rec = dict(rec)
             code = rec.pop("exit_code", None)
-            return Scheduler(**rec), None if code is None else int(code)
+            proc = Scheduler(**rec)
+            for name, kind in typing.get_type_hints(Scheduler).items():  # else it fails later, in a loop
+                value = getattr(proc, name)
+                if isinstance(value, bool) or not isinstance(value, kind):
+                    raise TypeError(f"a saved rank's {name} is {value!r}")
+            return proc, None if code is None else int(code)
 
         return {"boot": str(saved["boot_id"]), "up": {str(r): int(v) for r, v in saved["up"].items()},
                 "dead": {str(r) for r in saved["dead"]},
@@ -405,11 +411,12 @@ class ProcessWatcher(BackgroundLoop):
         were, and the ranks it saw, each looked at again now. One still running is watched on; one
         gone since (or a zombie) is judged as if it had just vanished, with the log read on from
         where that exporter stopped and the container's state as evidence. After a reboot the
-        ranks it saw went with the server: not deaths."""
+        ranks it saw went with the server: not deaths, and not up (the dead keep their 0)."""
         p, now = self._parse(saved), time.monotonic()
         with self._lock:
             self._up, self._dead, self._deaths, self._settled = p["up"], p["dead"], p["deaths"], p["settled"]
             if p["boot"] != self._boot:
+                self._up = {rank: 0 for rank in self._dead}
                 return
             self._oom_counts = p["oom"]
             for sched, code in p["ranks"]:

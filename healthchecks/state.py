@@ -79,12 +79,11 @@ class StateKeeper(BackgroundLoop):
             tmp = f"{self.path}.{os.getpid()}.tmp"
             try:
                 os.makedirs(folder, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
-                    os.write(fd, text.encode())
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                # a buffered write goes on after a short write (a full disk) until it has all, or raises
+                with open(tmp, "wb", opener=lambda path, flags: os.open(path, flags, 0o644)) as f:
+                    f.write(text.encode())
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.replace(tmp, self.path)
                 dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
                 try:

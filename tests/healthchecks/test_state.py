@@ -6,9 +6,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 from dsaops.healthchecks.exporter import Config, Exporter
+from dsaops.healthchecks.metrics import ErrorCounts
+from dsaops.healthchecks.processes import ProcessWatcher, boot_id
+from dsaops.healthchecks.state import StateKeeper
 
 from tests.healthchecks.watched_ranks import deaths, ranks_up
 from tests.support.polling import wait_for
@@ -151,3 +155,67 @@ def test_a_state_write_that_fails_is_counted_and_retried(node, launcher, tmp_pat
         subprocess.run(["chattr", "-i", str(folder)], check=True)
     exp.keeper.save()
     assert json.loads(node["state"].read_text())["log"]["events"]["sigquit"] == 1
+
+
+def _saved_rank(pid, rank, **changes):
+    """A rank as the state file keeps it (ProcessWatcher.to_json)."""
+    return {"pid": pid, "ns_pid": pid, "rank": rank, "launcher": 1, "launcher_ticks": "1", "started": 1.0,
+            "ticks": "123", "cgroup": None, "container": None, "container_started": None, **changes}
+
+
+def _state_file(path, boot, ranks=(), vanished=()):
+    """What an exporter wrote: TP0 and TP1 up (processes long gone), TP2 dead once."""
+    path.write_text(json.dumps({"version": 1, "processes": {
+        "boot_id": boot, "up": {"TP0": 1, "TP1": 1, "TP2": 0}, "dead": ["TP2"], "deaths": [["TP2", "sigkill", 1]],
+        "settled": [], "ranks": list(ranks), "vanished": list(vanished), "oom_kills": {}}}))
+
+
+@pytest.mark.parametrize("same_boot", [False, True], ids=["after-a-reboot", "negative-control-same-boot"])
+def test_after_a_reboot_the_ranks_it_saw_are_not_up(tmp_path, same_boot):
+    """The ranks went with the server at the reboot: not deaths and not up; the dead keep their 0.
+    On the same boot the vanished ranks are judged instead (down at once)."""
+    watcher = ProcessWatcher(ErrorCounts(), stop_window=60.0)
+    _state_file(tmp_path / "state.json", boot_id() if same_boot else "another-boot",
+                ranks=[_saved_rank(4_000_001, "TP0"), _saved_rank(4_000_002, "TP1")])
+    assert StateKeeper(str(tmp_path / "state.json"), watcher.errors, {"processes": watcher}).restore()
+    watcher.poll()
+    expected = {"TP0": 0, "TP1": 0, "TP2": 0} if same_boot else {"TP2": 0}
+    assert watcher.snapshot() == (expected, {("TP2", "sigkill"): 1})
+
+
+@pytest.mark.parametrize("field, value", [("rank", ["TP0"]), ("started", None), ("pid", "4000001"), ("ticks", 123)])
+def test_a_saved_rank_of_the_wrong_type_sets_the_file_aside(tmp_path, field, value):
+    """Taken back, such a rank would stop the exporter's start or every later poll's judging."""
+    errors = ErrorCounts()
+    watcher = ProcessWatcher(errors)
+    path = tmp_path / "state.json"
+    _state_file(path, boot_id(), vanished=[{**_saved_rank(4_000_001, "TP0"), field: value, "exit_code": None}])
+    assert not StateKeeper(str(path), errors, {"processes": watcher}).restore()
+    assert errors.counts()["state"] == 1 and (tmp_path / "state.json.bad").exists() and not path.exists()
+    watcher.poll()
+    assert watcher.snapshot() == ({}, {})
+
+
+def test_a_write_cut_short_keeps_the_old_file(tmp_path):
+    """A file-size limit stands in for a disk that fills mid-write: the write fails and is counted,
+    and the file written before stays whole."""
+    script = """
+import json, resource, sys
+from dsaops.healthchecks.metrics import ErrorCounts
+from dsaops.healthchecks.state import StateKeeper
+class Part:
+    def __init__(self, n): self.n = n
+    def to_json(self): return ["x" * 50] * self.n
+    def check(self, saved): pass
+    def restore(self, saved): pass
+errors = ErrorCounts()
+StateKeeper(sys.argv[1], errors, {"p": Part(10)}).save()
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))
+StateKeeper(sys.argv[1], errors, {"p": Part(100)}).save()
+print(errors.counts()["state"])
+"""
+    path = tmp_path / "state.json"
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1", done.stdout + done.stderr
+    assert len(json.loads(path.read_text())["p"]) == 10
+    assert not list(tmp_path.glob("*.tmp"))
