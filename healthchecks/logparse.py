@@ -153,7 +153,11 @@ class LogState:
         if "is allocated" in msg:  # the unlabelled pool only: "SWA KV Cache …" and friends are side pools
             if m := _KV_ALLOC.match(msg):  # one KV size, or K and V sizes
                 size = float(m[3]) if m[3] is not None else float(m[4]) + float(m[5])
-                self.kv[rank] = (m[1], int(m[2]), size * GIB)
+                pool, last = (m[1], int(m[2]), size * GIB), self.kv.get(rank)
+                # a speculative draft (MTP's layer) logs its pool next, sized by the target's
+                # memory_pool_config (kv_cache_configurator.configure): same dtype and tokens, fewer bytes
+                if last is None or pool[:2] != last[:2] or pool[2] >= last[2]:
+                    self.kv[rank] = pool
             elif m := _MAMBA_ALLOC.match(msg):
                 self.mamba_slots[rank] = int(m[1])
         elif m := _MAMBA_CAP.search(msg):

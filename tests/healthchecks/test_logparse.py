@@ -30,6 +30,17 @@ def test_side_pools_do_not_overwrite_the_kv_pool():
     assert s.kv["TP0"][1] == 100
 
 
+def test_a_speculative_drafts_pool_does_not_overwrite_the_targets():
+    """With MTP the draft's one-layer pool logs the same line right after the target's, with the
+    target's dtype and tokens; a restart with other tokens (or a same-sized pool) replaces it."""
+    s = feed(L.line(L.kv_allocated(168320, 11.52), ("TP0",)), L.line(L.kv_allocated(168320, 0.10), ("TP0",)))
+    assert s.kv["TP0"] == ("torch.float8_e4m3fn", 168320, 11.52 * GIB)
+    s.feed(L.line(L.kv_allocated(168320, 11.52), ("TP0",)))
+    assert s.kv["TP0"][2] == 11.52 * GIB
+    s.feed(L.line(L.kv_allocated(90000, 6.16), ("TP0",)))
+    assert s.kv["TP0"] == ("torch.float8_e4m3fn", 90000, 6.16 * GIB)
+
+
 def test_milliseconds_in_the_prefix():
     """SGLANG_LOG_MS: `[%(asctime)s.%(msecs)03d{prefix}]`."""
     s = feed(L.line(L.kv_allocated(5, 1.0), ("TP2",)).replace(" TP2]", ".123 TP2]", 1))
