@@ -52,7 +52,8 @@ def installed_versions(root: Path) -> dict[str, str]:
             found[str(meta.relative_to(root))] = m.group(1)
     version_py = root / "sglang" / "_version.py"
     if version_py.is_file():
-        m = re.search(r"^__version__ = (?:version = )?['\"]([^'\"]+)['\"]", version_py.read_text(), re.MULTILINE)
+        m = re.search(r"^__version__ = (?:version = )?['\"]([^'\"]+)['\"]", version_py.read_text(errors="replace"),
+                      re.MULTILINE)
         if m:
             found["sglang/_version.py"] = m.group(1)
     return found

@@ -71,6 +71,21 @@ def test_wrong_version_exits_2_and_changes_nothing(root, where, capsys):
     assert tree_hash(root) == before
 
 
+def test_a_version_py_not_in_utf8_is_read_not_a_traceback(root, capsys):
+    """A stray non-UTF-8 byte in sglang/_version.py: a wrong version is named, a right one still passes."""
+    version_py = root / "sglang/_version.py"
+    text = version_py.read_text()
+    version_py.write_bytes(text.replace(f"'{pins.SGLANG}'", "'0.5.\xff'").encode("latin-1"))
+    before = tree_hash(root)
+    for action in ("check", "apply", "status"):
+        assert patches(action, root=root) == 2
+        err = capsys.readouterr().err
+        assert f"sglang=={pins.SGLANG}" in err and "sglang/_version.py says 0.5." in err
+    assert tree_hash(root) == before
+    version_py.write_bytes(b"# \xff\n" + text.encode())
+    assert patches("check", root=root) == 0
+
+
 def test_altered_target_file_names_patch_file_and_hunk(root, capsys):
     target = root / OVERRIDES
     target.write_text(target.read_text().replace(
