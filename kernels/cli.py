@@ -69,13 +69,16 @@ def run_compile(args) -> int:
     if target.vendor != "nvidia":
         raise UserError(f"{args.target} is not an NVIDIA target; `dsaops kernels compile` takes "
                         f"{', '.join(n for n, t in targets.table().items() if t.vendor == 'nvidia')}")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
+    # checked before compiling: TileLang would fail on it only after a first round of compiles
+    if args.cache_dir and not selftest.can_write_in(Path(args.cache_dir)):
+        raise UserError(f"--cache-dir {args.cache_dir} is not a folder you may write to or create; give one that is")
     try:
         import tilelang  # noqa: F401
     except ImportError:
         raise UserError(f"TileLang is not installed: pip install -e '.[kernels]' in the dsaops checkout "
                         f"({pins.requirement('tilelang')})") from None
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
     built = {(b.tile, b.d_tail): b for b in build(args.target, cache_dir=cache_dir, workers=args.jobs,
                                                    ptxas=args.ptxas)}

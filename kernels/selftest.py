@@ -160,6 +160,14 @@ def write_verdict(verdict: dict, path: Path) -> None:
     partial.replace(path)
 
 
+def can_write_in(folder: Path) -> bool:
+    """Whether files can be made in folder: it, or (for mkdir -p) its nearest existing parent, is a writable folder."""
+    folder = folder.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
 def nvidia_smi_identity() -> dict | None:
     """{name, compute_capability} of GPU 0 from nvidia-smi (no CUDA context), or None without it."""
     try:
