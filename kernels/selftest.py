@@ -168,6 +168,15 @@ def can_write_in(folder: Path) -> bool:
     return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
+def check_out(out: Path, given: bool) -> None:
+    """Refuses a verdict path that cannot be written, before the GPU work whose result it would hold."""
+    what = f"--out {out}" if given else f"the verdict file {out} (the default --out)"
+    if out.is_dir():
+        raise UserError(f"{what} is a folder; give the verdict file's path, e.g. {out / route.VERDICT_FILE}")
+    if not can_write_in(out.parent):
+        raise UserError(f"{what}: cannot write in {out.parent}; give a file in a folder you may write to or create")
+
+
 def nvidia_smi_identity() -> dict | None:
     """{name, compute_capability} of GPU 0 from nvidia-smi (no CUDA context), or None without it."""
     try:
@@ -231,23 +240,31 @@ def add_parser(ksub) -> None:
     s.set_defaults(func=run)
 
 
-def batch_sizes_of(args, gpu_memory_mib: float) -> list[int]:
-    if args.batch_sizes:
-        try:
-            sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
-        except ValueError:
-            raise UserError(f"--batch-sizes takes comma-separated integers, not {args.batch_sizes!r}") from None
-        if not sizes or sizes[0] < 1:
-            raise UserError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
-        return sizes
+def given_batch_sizes(args) -> list[int] | None:
+    """--batch-sizes sorted, or None; --max-bs and --tp-size checked too: all before any GPU work."""
     if args.max_bs is not None and args.max_bs < 1:
         raise UserError(f"--max-bs must be >= 1, got {args.max_bs}")
-    return capture_batch_sizes(args.max_bs or default_max_bs(gpu_memory_mib, args.tp_size))
+    if args.tp_size < 1:
+        raise UserError(f"--tp-size must be >= 1, got {args.tp_size}")
+    if not args.batch_sizes:
+        return None
+    try:
+        sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+    except ValueError:
+        raise UserError(f"--batch-sizes takes comma-separated integers, not {args.batch_sizes!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise UserError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+    return sizes
+
+
+def batch_sizes_of(args, gpu_memory_mib: float) -> list[int]:
+    return given_batch_sizes(args) or capture_batch_sizes(args.max_bs or default_max_bs(gpu_memory_mib, args.tp_size))
 
 
 def run(args) -> int:
     if args.heads < 1:
         raise UserError(f"--heads must be >= 1, got {args.heads}")
+    given_batch_sizes(args)  # a bad one is refused now, not after the GPU is found
     out = args.out or route.verdict_path()
     kernels = route.kernel_hash()
     if args.if_stale:
@@ -256,6 +273,7 @@ def run(args) -> int:
             print(f"selftest: {out} is current for this GPU, kernel build and {args.heads} heads "
                   f"({verdict['decision']['kernel']}); nothing to do")
             return 0
+    check_out(out, given=args.out is not None)
     try:
         import torch
     except ImportError:

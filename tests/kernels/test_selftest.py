@@ -149,8 +149,16 @@ def test_if_stale_does_nothing_for_a_current_verdict(fake_nvidia_smi, capsys):
 @pytest.mark.parametrize(("args", "message"), [
     (["--heads", "0"], "--heads must be >= 1"),
     ([], "no GPU visible: run on the serving GPU"),
+    (["--batch-sizes", "0,4"], "--batch-sizes must be positive integers"),
+    (["--max-bs", "0"], "--max-bs must be >= 1, got 0"),
+    (["--tp-size", "0"], "--tp-size must be >= 1, got 0"),
+    (["--out", "{tmp}"], "is a folder; give the verdict file's path, e.g. {tmp}/decode-verdict.json"),
+    (["--out", "{tmp}/afile/verdict.json"], "cannot write in {tmp}/afile; give a file in a folder"),
 ])
-def test_refusals_are_one_line(capsys, args, message):
+def test_refusals_are_one_line(capsys, tmp_path, args, message):
+    """Bad arguments are refused before the GPU check (no GPU here), so a run never measures and then fails."""
+    (tmp_path / "afile").write_text("")
+    args, message = [a.format(tmp=tmp_path) for a in args], message.format(tmp=tmp_path)
     assert main(["kernels", "selftest", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1
@@ -168,3 +176,8 @@ def test_batch_sizes_argument(monkeypatch):
     for bad in ("a,b", "0,4", ","):
         with pytest.raises(Exception, match="--batch-sizes"):
             of(batch_sizes=bad)
+
+
+def test_a_verdict_path_in_a_folder_yet_to_be_made_is_accepted(tmp_path):
+    selftest.check_out(tmp_path / "new" / "deeper" / "verdict.json", given=True)
+    assert not (tmp_path / "new").exists()
