@@ -22,6 +22,7 @@ from pathlib import Path
 from dsaops import build_host, image_base, pins, wheel_tags
 from dsaops.cache import cache_dir
 from dsaops.errors import UserError
+from dsaops.inventory_checks import ENV_NAME, IMAGE_REFERENCE
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "images"
@@ -109,6 +110,13 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
                         f"without it the push would go to Docker Hub's {IMAGE_NAME}")
     if stage not in STAGES:
         raise UserError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    # checked here: Docker refuses such a name only once the build starts, or the push after it
+    if tag and ("@" in tag or not IMAGE_REFERENCE.fullmatch(f"{IMAGE_NAME}:{tag}")):
+        raise UserError(f"--tag (TAG=) {tag!r} is not a Docker tag: use at most 128 letters, digits, '_', '.' "
+                        "and '-', not starting with '.' or '-', e.g. nightly-sm_90")
+    if registry and not IMAGE_REFERENCE.fullmatch(f"{registry.rstrip('/')}/{IMAGE_NAME}"):
+        raise UserError(f"--registry (REGISTRY=) {registry!r} is not a registry prefix Docker takes: use lowercase "
+                        "HOST[:PORT][/NAMESPACE], e.g. registry.example.com:5000/team")
     image = image_name(target.name, registry=registry, tag=tag)
     context = Path(context or IMAGES / "context")
     args = build_args(target, extra_args)
@@ -274,9 +282,10 @@ def add_parser(sub) -> None:
 
 
 def _parse_build_args(pairs: list[str]) -> dict[str, str]:
-    bad = [p for p in pairs if "=" not in p]
+    bad = [p for p in pairs if "=" not in p or not ENV_NAME.fullmatch(p.split("=", 1)[0])]
     if bad:
-        raise UserError(f"--build-arg takes KEY=VALUE, not {', '.join(map(repr, bad))}")
+        raise UserError(f"--build-arg takes KEY=VALUE, KEY of letters, digits and '_' not starting with a digit; "
+                        f"not {', '.join(map(repr, bad))}")
     return dict(p.split("=", 1) for p in pairs)
 
 

@@ -17,14 +17,14 @@ from collections.abc import Callable, Mapping
 _KEY_FLAGS = {"--api-key", "--admin-api-key"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?")
-_IMAGE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
-                    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+IMAGE_REFERENCE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
+                             r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 _PATH = re.compile(r"(/[A-Za-z0-9_.+@-]+)+/?|/")
 _HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _SECRET = re.compile(r"[\x21-\x7e]*")     # printable ASCII, no space: one word in a file, a header, YAML
 _SIZE = re.compile(r"[0-9]+[bkmg]?", re.IGNORECASE)
 _DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _int(value) -> int | None:
@@ -82,7 +82,7 @@ def _no_control(value) -> bool:
 
 def _env(value) -> bool:
     return isinstance(value, dict) and all(
-        isinstance(k, str) and _ENV_NAME.fullmatch(k) and _no_control(str(v)) for k, v in value.items())
+        isinstance(k, str) and ENV_NAME.fullmatch(k) and _no_control(str(v)) for k, v in value.items())
 
 
 # kind: (check, what a value of that kind may be)
@@ -107,7 +107,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "gib": (_between(0.01, 1 << 20, whole=False), "a positive number of GiB"),
     "root_or_registry": (lambda v: v == "" or _match(re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*"))(v),
                          "empty, or a registry prefix such as registry.lan:5000/team"),
-    "image": (_match(_IMAGE), "a Docker image reference such as registry:5000/dsaops/sglang:TAG-sm_90 (not empty)"),
+    "image": (_match(IMAGE_REFERENCE), ("a Docker image reference such as registry:5000/dsaops/sglang:TAG-sm_90 "
+                                        "(not empty)")),
     "path": (_match(_PATH), "an absolute path of letters, digits and '_', '.', '+', '@', '-' (no spaces)"),
     "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
                                                       "'@', '-'")),

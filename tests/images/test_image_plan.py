@@ -135,12 +135,26 @@ def test_make_lists_the_standin_base():
     (["ARCH=sm_80"], "unknown target 'sm_80'; valid targets: sm_90, sm_121, gfx942"),
     ([], "ARCH= (--arch) is required; valid targets: sm_90, sm_121, gfx942"),
     (["ARCH=sm_90", "PUSH=1"], "PUSH=1 needs REGISTRY="),
+    (["ARCH=sm_90", "TAG=bad tag!"], "--tag (TAG=) 'bad tag!' is not a Docker tag: use at most 128 letters"),
+    (["ARCH=sm_90", "TAG=.hidden"], "--tag (TAG=) '.hidden' is not a Docker tag"),
+    (["ARCH=sm_90", "REGISTRY=Bad Registry"], "--registry (REGISTRY=) 'Bad Registry' is not a registry prefix"),
+    (["ARCH=sm_90", "REGISTRY=r.example/team:1"], "use lowercase HOST[:PORT][/NAMESPACE]"),
 ])
 def test_bad_input_fails_with_what_to_change(assignments, message):
     out = make_plan(*assignments)
     assert out.returncode != 0
-    assert message in out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
     assert not commands(out.stdout)
+
+
+@pytest.mark.parametrize("bad", ["=x", "NOEQUALS", "1ARG=x", "BAD NAME=x"])
+def test_a_build_arg_without_a_name_is_refused(bad, capsys):
+    from dsaops.cli import main
+
+    assert main(["image", "plan", "--arch", "sm_90", "--build-arg", "GOOD=1", "--build-arg", bad]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"dsaops image: --build-arg takes KEY=VALUE, KEY of letters, digits and '_' not starting "
+                            f"with a digit; not {bad!r}\n") and not captured.out
 
 
 def test_the_targets_table_is_the_only_source(tmp_path):
