@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import urllib.parse
 
 from dsaops.errors import UserError
 
@@ -67,6 +68,23 @@ def add_parser(sub) -> None:
     w.set_defaults(func=run_log_writer)
 
 
+def check_server_url(url: str) -> None:
+    """An http(s) URL with a host and, if any, a numeric port (urllib raises mid-request on anything else);
+    checked here, not as an argparse type, as the image's lint parses its commands with placeholder values."""
+    hint = "give an http:// or https:// address, e.g. http://127.0.0.1:30000"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise UserError(f"--server-url {url!r} has a space or control character: {hint}")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
+        if parts.hostname:
+            parts.hostname.encode("idna")  # what the resolver is asked for: an empty or too long label raises
+    except ValueError as e:  # UnicodeError is one
+        raise UserError(f"--server-url {url!r} is not a valid URL ({e}): {hint}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"--server-url {url!r}: {hint}")
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -82,12 +100,11 @@ def run_exporter(args) -> int:
     from dsaops import api_key
 
     host, port = parse_listen(args.listen)
+    check_server_url(args.server_url)
     if args.interval <= 0:
         raise UserError("--interval must be a positive number of seconds")
     if not 0 < args.stop_window <= 600:
         raise UserError("--stop-window must be in (0, 600] seconds")
-    if not args.server_url.startswith(("http://", "https://")):
-        raise UserError(f"--server-url {args.server_url!r}: give an http:// or https:// address")
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
     planned = read_plan(args.plan) if args.plan else None
@@ -112,6 +129,7 @@ def run_exporter(args) -> int:
 def run_healthcheck(args) -> int:
     from dsaops.healthchecks.healthcheck import run
 
+    check_server_url(args.server_url)
     return run(args)
 
 

@@ -62,3 +62,9 @@ def test_bad_listen_plan_and_busy_port_are_clear_errors(tmp_path):
         busy.listen()
         r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{busy.getsockname()[1]}")
     assert r.returncode == 2 and "choose another address or port" in r.stderr
+
+
+def test_a_server_url_urllib_cannot_read_is_refused_before_the_exporter_starts():
+    for url in ("http://127.0.0.1:abc", "http://[::1"):
+        r = dsaops("exporter", "--server-url", url, "--listen", f"127.0.0.1:{free_port()}", timeout=10)
+        assert r.returncode == 2 and r.stderr.startswith("dsaops exporter: --server-url"), (url, r.stderr)

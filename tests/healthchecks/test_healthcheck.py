@@ -50,3 +50,9 @@ def test_missing_rank_fails_even_when_health_says_200(fake_server, launcher):
 def test_bad_input_is_a_clear_error():
     code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--expect-ranks", "0")
     assert code == 2 and "--expect-ranks must be at least 1" in out
+
+
+def test_a_malformed_server_url_is_a_clear_error_not_a_traceback():
+    for url in ("HEAD", "", "http://127.0.0.1:abc", "http://[::1", "http://a..b:1", "http://127.0.0.1:1/a b"):
+        code, out, _ = healthcheck("--server-url", url)
+        assert code == 2 and out.startswith("dsaops healthcheck: --server-url") and out.count("\n") == 1, out
