@@ -2,6 +2,7 @@
 (top-level imports stay stdlib-only)."""
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import urllib.parse
@@ -25,11 +26,12 @@ def add_parser(sub) -> None:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
-    p.add_argument("--interval", type=float, default=5.0, help="seconds between /server_info polls (default 5)")
+    # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s
+    p.add_argument("--interval", type=seconds(50), default=5.0, help="seconds between /server_info polls (default 5)")
     p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank for the alert")
     p.add_argument("--state-file", help="where counts and the ranks seen persist across restarts of the exporter "
                                         "(a file on the node, e.g. /var/lib/dsaops/exporter/state.json)")
-    p.add_argument("--stop-window", type=float, default=20.0,
+    p.add_argument("--stop-window", type=seconds(600), default=20.0,
                    help="seconds the ranks of one server may take to stop one after another (default 20)")
     p.add_argument("--container", action="append", default=[],
                    help="a Docker container to watch (restarts, exit code, OOMKilled); repeatable")
@@ -46,7 +48,8 @@ def add_parser(sub) -> None:
                                    "--container adds what the Docker Engine says (restarting, exited, OOMKilled).")
     h.add_argument("--server-url", required=True, help="SGLang's HTTP address, e.g. http://127.0.0.1:30000")
     h.add_argument("--expect-ranks", type=int, help="scheduler ranks that must be alive on this node")
-    h.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for /health (default 3)")
+    # at most 4 s: a HEALTHCHECK answer is due within 5 s
+    h.add_argument("--timeout", type=seconds(4), default=3.0, help="seconds to wait for /health (default 3)")
     h.add_argument("--container", help="also ask the Docker Engine about this container (a check run on the host)")
     h.add_argument("--docker-url", help="the Docker Engine's address (default: $DOCKER_HOST or the local socket)")
     h.set_defaults(func=run_healthcheck)
@@ -85,6 +88,19 @@ def check_server_url(url: str) -> None:
         raise UserError(f"--server-url {url!r}: {hint}")
 
 
+def seconds(most: float):
+    """argparse type of a duration in (0, most] seconds; nan and inf are refused (nan made a poll loop spin)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value <= most:  # false for nan too
+            raise argparse.ArgumentTypeError(f"give a number of seconds in (0, {most:g}], got {text!r}")
+        return value
+    return parse
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
@@ -101,10 +117,6 @@ def run_exporter(args) -> int:
 
     host, port = parse_listen(args.listen)
     check_server_url(args.server_url)
-    if args.interval <= 0:
-        raise UserError("--interval must be a positive number of seconds")
-    if not 0 < args.stop_window <= 600:
-        raise UserError("--stop-window must be in (0, 600] seconds")
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
     planned = read_plan(args.plan) if args.plan else None

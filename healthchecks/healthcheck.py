@@ -70,8 +70,6 @@ def check(server_url: str, expect_ranks: int | None, timeout: float, container: 
 def run(args) -> int:
     if args.expect_ranks is not None and args.expect_ranks < 1:
         raise UserError("--expect-ranks must be at least 1 (the scheduler ranks this node runs)")
-    if not 0 < args.timeout <= 4:
-        raise UserError("--timeout must be in (0, 4] seconds: a HEALTHCHECK answer is due within 5 s")
     problems = check(args.server_url, args.expect_ranks, args.timeout, args.container, args.docker_url)
     for p in problems:
         print(f"unhealthy: {p}", file=sys.stderr)

@@ -68,3 +68,12 @@ def test_a_server_url_urllib_cannot_read_is_refused_before_the_exporter_starts()
     for url in ("http://127.0.0.1:abc", "http://[::1"):
         r = dsaops("exporter", "--server-url", url, "--listen", f"127.0.0.1:{free_port()}", timeout=10)
         assert r.returncode == 2 and r.stderr.startswith("dsaops exporter: --server-url"), (url, r.stderr)
+
+
+def test_an_interval_that_is_not_a_finite_number_of_seconds_is_refused():
+    """nan made the /server_info loop poll without pause; inf or 1e12 overflowed its wait at every scrape."""
+    for option, value in (("--interval", "nan"), ("--interval", "inf"), ("--interval", "1e12"), ("--interval", "0"),
+                          ("--stop-window", "inf")):
+        r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
+                   option, value, timeout=10)
+        assert r.returncode == 2 and f"argument {option}: give a number of seconds" in r.stderr, (value, r.stderr)

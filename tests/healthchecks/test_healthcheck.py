@@ -56,3 +56,9 @@ def test_a_malformed_server_url_is_a_clear_error_not_a_traceback():
     for url in ("HEAD", "", "http://127.0.0.1:abc", "http://[::1", "http://a..b:1", "http://127.0.0.1:1/a b"):
         code, out, _ = healthcheck("--server-url", url)
         assert code == 2 and out.startswith("dsaops healthcheck: --server-url") and out.count("\n") == 1, out
+
+
+def test_a_timeout_past_the_healthcheck_deadline_is_refused():
+    for value in ("nan", "inf", "5", "0"):
+        code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--timeout", value)
+        assert code == 2 and "argument --timeout: give a number of seconds in (0, 4]" in out, (value, out)
