@@ -17,12 +17,14 @@ this much state of these containers, nothing it could act on.
 """
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
 import re
 import socket
 import socketserver
+import stat
 from http.server import BaseHTTPRequestHandler
 
 MAX_BYTES = 4 << 20
@@ -121,7 +123,9 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(listen: str, docker_socket: str, allow: list[str], mode: int = 0o660) -> _Server:
     """A proxy listening on the Unix socket `listen` (replacing a stale one); call serve_forever(). Its
     user and group may connect (the exporter runs as the one, or in the other)."""
-    if os.path.exists(listen) and not os.path.isdir(listen):
+    if os.path.lexists(listen):
+        if not stat.S_ISSOCK(os.lstat(listen).st_mode):  # a file there is someone's: never remove it
+            raise FileExistsError(errno.EEXIST, "it exists and is not a socket", listen)
         os.unlink(listen)
     old = os.umask(0o777 & ~mode)   # created with `mode` already: no moment with wider permissions
     try:

@@ -77,3 +77,23 @@ def test_an_interval_that_is_not_a_finite_number_of_seconds_is_refused():
         r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
                    option, value, timeout=10)
         assert r.returncode == 2 and f"argument {option}: give a number of seconds" in r.stderr, (value, r.stderr)
+
+
+def test_the_docker_proxy_replaces_a_stale_socket_but_never_a_file(tmp_path):
+    engine = tmp_path / "docker.sock"
+    engine.touch()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes\n")
+    r = dsaops("docker-proxy", "--allow", "c1", "--docker-socket", str(engine), "--listen", str(notes), timeout=10)
+    assert r.returncode == 2 and "is not a socket" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert notes.read_text() == "notes\n"
+    stale = tmp_path / "proxy.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))      # left behind when closed, as by a proxy that died
+    proc = subprocess.Popen([sys.executable, "-m", "dsaops", "docker-proxy", "--allow", "c1", "--docker-socket",
+                             str(engine), "--listen", str(stale)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "reading c1" in proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
