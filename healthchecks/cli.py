@@ -13,6 +13,7 @@ from dsaops.errors import UserError
 # each node's exporter an address and fence its port to the monitoring hosts)
 DEFAULT_LISTEN = "127.0.0.1:9860"
 DEFAULT_PROXY_SOCKET = "/run/dsaops/docker.sock"
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the final NUL
 
 
 def add_parser(sub) -> None:
@@ -154,8 +155,9 @@ def run_docker_proxy(args) -> int:
         raise UserError(f"--listen {args.listen}: its folder does not exist; mount one there")
     try:
         server = serve(args.listen, args.docker_socket, args.allow)
-    except OSError as e:
-        raise UserError(f"--listen {args.listen}: {e.strerror}") from e
+    except OSError as e:  # "AF_UNIX path too long" comes without a strerror
+        raise UserError(f"--listen {args.listen}: {e.strerror or e}; give a path of at most {MAX_UNIX_PATH} "
+                        "bytes, not an existing file, in a folder this user may write to") from e
     print(f"dsaops docker-proxy: {args.listen} -> {args.docker_socket}, reading {', '.join(args.allow)}", flush=True)
     server.serve_forever()
     return 0

@@ -97,3 +97,11 @@ def test_the_docker_proxy_replaces_a_stale_socket_but_never_a_file(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_docker_proxy_socket_path_too_long_is_said_so(tmp_path):
+    engine = tmp_path / "docker.sock"
+    engine.touch()
+    r = dsaops("docker-proxy", "--allow", "c1", "--docker-socket", str(engine), "--listen",
+               str(tmp_path / ("x" * 120 + ".sock")), timeout=10)
+    assert r.returncode == 2 and "path too long" in r.stderr and "at most 107 bytes" in r.stderr, r.stderr
