@@ -169,6 +169,6 @@ def run_log_writer(args) -> int:
     max_bytes = args.max_bytes or os.environ.get("DSAOPS_LOG_MAX_BYTES") or str(256 << 20)
     keep = args.keep or os.environ.get("DSAOPS_LOG_KEEP") or "4"
     if not max_bytes.isdigit() or int(max_bytes) < 4096 or not keep.isdigit() or not 1 <= int(keep) <= 99:
-        raise UserError(f"log-writer: the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be "
+        raise UserError(f"the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be "
                         f"at least 4096 bytes and the files kept ({keep!r}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
     return run(args.file, int(max_bytes), int(keep))

@@ -105,3 +105,8 @@ def test_a_docker_proxy_socket_path_too_long_is_said_so(tmp_path):
     r = dsaops("docker-proxy", "--allow", "c1", "--docker-socket", str(engine), "--listen",
                str(tmp_path / ("x" * 120 + ".sock")), timeout=10)
     assert r.returncode == 2 and "path too long" in r.stderr and "at most 107 bytes" in r.stderr, r.stderr
+
+
+def test_a_log_writer_error_names_the_command_once(tmp_path):
+    r = dsaops("log-writer", "--keep", "0", str(tmp_path / "server.log"), timeout=10)
+    assert r.returncode == 2 and r.stderr.startswith("dsaops log-writer: the size limit"), r.stderr
