@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from dsaops.cli_args import http_url
 from dsaops.errors import UserError
 
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
                        description="After a deploy, ask the server fixed questions at temperature 0 and run "
                                    "needle-in-a-haystack recall probes; exit 1 if any probe fails, times out or "
                                    "errors. `dsaops verify boot-gate` checks that a wrong fp8 launch is refused.")
-    p.add_argument("--server-url", help="e.g. http://HEAD:30000 (any OpenAI-compatible endpoint)")
+    p.add_argument("--server-url", type=http_url, help="e.g. http://HEAD:30000 (any OpenAI-compatible endpoint)")
     p.add_argument("--api-key-file", help="a file holding the server's API key (never on the command line; "
                    "the playbooks keep it beside the inventory: <inventory>.secrets/api-key)")
     p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")

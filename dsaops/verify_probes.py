@@ -69,8 +69,8 @@ class ProbeError(Exception):
 def _request(url: str, payload: dict | None, timeout: float, api_key: str | None = None) -> dict:
     data = json.dumps(payload).encode() if payload is not None else None
     headers = ({"Content-Type": "application/json"} if data else {}) | api_key_headers(api_key)
-    req = urllib.request.Request(url, data=data, headers=headers)
     try:
+        req = urllib.request.Request(url, data=data, headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
@@ -83,6 +83,8 @@ def _request(url: str, payload: dict | None, timeout: float, api_key: str | None
         raise ProbeError("error", f"cannot connect: {e.reason}") from None
     except (http.client.RemoteDisconnected, ConnectionError, http.client.IncompleteRead) as e:
         raise ProbeError("error", f"connection dropped: {type(e).__name__}: {e}") from None
+    except (ValueError, http.client.InvalidURL) as e:  # a URL urllib cannot use: scheme, port, host, a space
+        raise ProbeError("error", f"bad URL {url}: {e}") from None
     try:
         return json.loads(body)
     except ValueError:

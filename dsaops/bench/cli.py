@@ -11,9 +11,9 @@ import json
 import os
 import sys
 import tempfile
-import urllib.parse
 
 from dsaops import api_key
+from dsaops.cli_args import http_url
 from dsaops.errors import UserError
 
 DEFAULT_TOP = 256   # the sweep's last level when the server's cap is unknown
@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--server-url", required=True, help="e.g. http://HEAD:30000 (OpenAI-compatible)")
+    p.add_argument("--server-url", required=True, type=http_url, help="e.g. http://HEAD:30000 (OpenAI-compatible)")
     p.add_argument("--api-key-file", help="a file holding the server's API key (never on the command line)")
     p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -65,13 +65,6 @@ def _common(p) -> None:
 
 def progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def server_url(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UserError(f"--server-url {url!r} is not an http(s) URL: give e.g. http://HEAD:30000")
-    return url.rstrip("/")
 
 
 def positive(name: str, value, *, allow_none: bool = False) -> None:
@@ -122,7 +115,7 @@ def reach(url: str, model: str | None, key: str | None) -> str:
 def run_serve(args) -> int:
     from dsaops.bench import capacity, generator, plot, serve_report, sweep
 
-    url = server_url(args.server_url)
+    url = args.server_url
     for name in ("input_len", "output_len", "duration", "max_requests"):
         positive(name.replace("_", "-"), getattr(args, name))
     positive("timeout", args.timeout, allow_none=True)
@@ -204,7 +197,7 @@ def _served_tokenizer(info: dict) -> str:
 def run_eval(args) -> int:
     from dsaops.bench import eval_run, humaneval
 
-    url = server_url(args.server_url)
+    url = args.server_url
     for name in ("concurrency", "max_tokens", "timeout", "exec_timeout", "exec_memory_mb"):
         positive(name.replace("_", "-"), getattr(args, name))
     positive("limit", args.limit, allow_none=True)

