@@ -85,6 +85,8 @@ def _request(url: str, payload: dict | None, timeout: float, api_key: str | None
         raise ProbeError("error", f"connection dropped: {type(e).__name__}: {e}") from None
     except (ValueError, http.client.InvalidURL) as e:  # a URL urllib cannot use: scheme, port, host, a space
         raise ProbeError("error", f"bad URL {url}: {e}") from None
+    except http.client.HTTPException as e:  # something else listens there, e.g. SSH's banner
+        raise ProbeError("error", f"not an HTTP answer: {type(e).__name__}: {e}") from None
     try:
         return json.loads(body)
     except ValueError:
