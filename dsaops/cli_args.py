@@ -1,10 +1,13 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
-import it): an http(s) server URL as an argparse type.
+import it): an http(s) server URL and a number of seconds as argparse types.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import urllib.parse
+
+MAX_SECONDS = 1_000_000   # about 11 days; far longer overflows the socket and thread timeouts
 
 
 def http_url(text: str) -> str:
@@ -24,3 +27,14 @@ def http_url(text: str) -> str:
     except UnicodeError:
         raise argparse.ArgumentTypeError(f"{text!r}: the host has an empty or too long label: {hint}") from None
     return text.rstrip("/")
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above 0 and at most MAX_SECONDS."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to {MAX_SECONDS}, got {text}")
+    return value

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from dsaops.cli_args import http_url
+from dsaops.cli_args import http_url, seconds
 from dsaops.errors import UserError
 
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--niah-depths", default=DEFAULT_NIAH_DEPTHS,
                    help=f"needle depths in approximate tokens, comma-separated; '' for none (default {DEFAULT_NIAH_DEPTHS})")
     p.add_argument("--max-tokens", type=int, default=2048, help="per answer (reasoning models think first)")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds per answer probe")
-    p.add_argument("--niah-timeout-per-ktok", type=float, default=4.0,
+    p.add_argument("--timeout", type=seconds, default=180.0, help="seconds per answer probe")
+    p.add_argument("--niah-timeout-per-ktok", type=seconds, default=4.0,
                    help="needle probes get --timeout plus this many seconds per 1000 tokens of depth")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
     g.add_argument("--docker-arg", action="append", default=[], help="with --image: extra `docker run` argument "
                    "(repeat), e.g. --docker-arg=-v --docker-arg=/models:/models")
     g.add_argument("--sglang-arg", action="append", default=[], help="with --image: extra launch_server argument")
-    g.add_argument("--timeout", type=float, default=600.0, help="seconds the refusal may take (model config download, imports)")
+    g.add_argument("--timeout", type=seconds, default=600.0, help="seconds the refusal may take (model config download, imports)")
     g.add_argument("--expect", default=None, help="the refusal text to look for (default: SGLang's)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=run_boot_gate)

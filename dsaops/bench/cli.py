@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 from dsaops import api_key
-from dsaops.cli_args import http_url
+from dsaops.cli_args import http_url, seconds
 from dsaops.errors import UserError
 
 DEFAULT_TOP = 256   # the sweep's last level when the server's cap is unknown
@@ -32,9 +32,9 @@ def add_parser(sub) -> None:
                    f"the server's running-request cap, else to {DEFAULT_TOP})")
     s.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
     s.add_argument("--output-len", type=int, default=256, help="output tokens per request (default 256)")
-    s.add_argument("--duration", type=float, default=60.0, help="seconds of load per level, roughly (default 60)")
+    s.add_argument("--duration", type=seconds, default=60.0, help="seconds of load per level, roughly (default 60)")
     s.add_argument("--max-requests", type=int, default=5000, help="requests per level at most (default 5000)")
-    s.add_argument("--timeout", type=float, help="seconds a level may take before it is stopped "
+    s.add_argument("--timeout", type=seconds, help="seconds a level may take before it is stopped "
                    "(default 3 x --duration + 120)")
     s.add_argument("--tokenizer", help="the model's tokenizer folder (default: /server_info's tokenizer_path, "
                    "a folder or a Hugging Face id in the local cache, as in the server's container)")
@@ -50,8 +50,8 @@ def add_parser(sub) -> None:
     e.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
     e.add_argument("--max-tokens", type=int, default=4096, help="per answer; reasoning models think first "
                    "(default 4096)")
-    e.add_argument("--timeout", type=float, default=600.0, help="seconds per answer (default 600)")
-    e.add_argument("--exec-timeout", type=float, default=10.0, help="seconds a solution's tests may run (default 10)")
+    e.add_argument("--timeout", type=seconds, default=600.0, help="seconds per answer (default 600)")
+    e.add_argument("--exec-timeout", type=seconds, default=10.0, help="seconds a solution's tests may run (default 10)")
     e.add_argument("--exec-memory-mb", type=int, default=1024, help="address space a solution may use (default 1024)")
     e.set_defaults(func=run_eval)
 
@@ -116,9 +116,8 @@ def run_serve(args) -> int:
     from dsaops.bench import capacity, generator, plot, serve_report, sweep
 
     url = args.server_url
-    for name in ("input_len", "output_len", "duration", "max_requests"):
+    for name in ("input_len", "output_len", "max_requests"):
         positive(name.replace("_", "-"), getattr(args, name))
-    positive("timeout", args.timeout, allow_none=True)
     levels = concurrency_levels(args.concurrency) if args.concurrency is not None else None
     plan = capacity.from_plan(args.plan) if args.plan else None
     if args.plot:
@@ -198,7 +197,7 @@ def run_eval(args) -> int:
     from dsaops.bench import eval_run, humaneval
 
     url = args.server_url
-    for name in ("concurrency", "max_tokens", "timeout", "exec_timeout", "exec_memory_mb"):
+    for name in ("concurrency", "max_tokens", "exec_memory_mb"):
         positive(name.replace("_", "-"), getattr(args, name))
     positive("limit", args.limit, allow_none=True)
     reference = eval_run.read_record(args.reference, args.task) if args.reference else None

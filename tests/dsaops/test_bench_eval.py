@@ -104,6 +104,8 @@ def test_bad_input_is_one_line_and_exit_2(standin, tmp_path, capsys, extra, mess
 @pytest.mark.parametrize("extra, says", [
     (["--server-url", "http://127.0.0.1:abc"], "Port could not be cast to integer"),
     (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
+    (["--server-url", "http://h:1", "--timeout", "nan"], "--timeout: must be a positive number of seconds"),
+    (["--server-url", "http://h:1", "--exec-timeout", "inf"], "--exec-timeout: must be a positive number of seconds"),
 ])
 def test_bad_arguments_are_refused_before_any_problem_is_asked(extra, says, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -155,7 +155,6 @@ def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, t
     (["--server-url", "{url}", "--concurrency", "0,1"], "must be 1 or more"),
     (["--server-url", "{url}", "--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: No such file"),
     (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json: cannot read"),
-    (["--server-url", "{url}", "--duration", "0"], "--duration must be positive"),
     (["--server-url", "{url}", "--plot", "/nonexistent/sweep.png"], "--plot /nonexistent/sweep.png: cannot write"),
     (["--server-url", "{url}"], "needs the model's tokenizer: pass --tokenizer"),
 ])
@@ -172,6 +171,8 @@ def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message
 @pytest.mark.parametrize("argv, says", [
     (["--server-url", "localhost:30000"], "is not an http(s) URL"),
     (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
+    (["--server-url", "http://h:1", "--duration", "0"], "--duration: must be a positive number of seconds"),
+    (["--server-url", "http://h:1", "--timeout", "nan"], "--timeout: must be a positive number of seconds"),
 ])
 def test_bad_arguments_are_refused_before_the_sweep(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -110,3 +110,10 @@ def test_image_without_docker_says_what_to_do(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["verify", "boot-gate", "--image", IMAGE]) == 2
     assert "--command" in capsys.readouterr().err
+
+
+def test_a_timeout_that_never_ends_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["verify", "boot-gate", "--command", "sleep 6", "--timeout", "nan"])
+    assert exit_.value.code == 2
+    assert "argument --timeout: must be a positive number of seconds" in capsys.readouterr().err

@@ -228,6 +228,17 @@ def test_a_malformed_server_url_is_refused_before_any_probe(capsys, url, says):
     assert line.startswith("dsaops verify: argument --server-url:") and says in line and "http://HEAD:30000" in line
 
 
+@pytest.mark.parametrize("flag, value", [
+    ("--timeout", "-1"), ("--timeout", "nan"), ("--timeout", "inf"), ("--timeout", "1e12"), ("--timeout", "0"),
+    ("--timeout", "soon"), ("--niah-timeout-per-ktok", "-1000000"), ("--niah-timeout-per-ktok", "nan"),
+])
+def test_seconds_must_be_positive_and_finite(server, capsys, flag, value):
+    url, srv = server()
+    line = refused(capsys, "verify", "--server-url", url, "--niah-depths", "64", flag, value)
+    assert line == f"dsaops verify: argument {flag}: must be a positive number of seconds up to 1000000, got {value}"
+    assert srv.prompts == []                                          # refused before any probe ran
+
+
 @pytest.mark.parametrize("url", ["HEAD/v1/models", "http://a..b:1/v1/models", "http://127.0.0.1:1/a b"])
 def test_a_url_urllib_cannot_use_is_a_probe_error(url):
     with pytest.raises(vp.ProbeError, match="bad URL"):
