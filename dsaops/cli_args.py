@@ -1,11 +1,15 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
-import it): an http(s) server URL and a number of seconds as argparse types.
+import it): an http(s) server URL and a number of seconds as argparse types, and an output path
+that must be writable before a long run starts.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import urllib.parse
+
+from dsaops.errors import UserError
 
 MAX_SECONDS = 1_000_000   # about 11 days; far longer overflows the socket and thread timeouts
 
@@ -38,3 +42,10 @@ def seconds(text: str) -> float:
     if not 0 < value <= MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to {MAX_SECONDS}, got {text}")
     return value
+
+
+def writable(flag: str, path: str) -> None:
+    """Checked before a run, so that a run's result is not lost to an unwritable output path."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(path):
+        raise UserError(f"{flag} {path}: cannot write there; give a file in a folder you may write to")

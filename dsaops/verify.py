@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from dsaops.cli_args import http_url, seconds
+from dsaops.cli_args import http_url, seconds, writable
 from dsaops.errors import UserError
 
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
@@ -65,6 +65,8 @@ def run(args) -> int:
         raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
     depths = _depths(args.niah_depths)
     reference = _read_reference(args.reference) if args.reference else None
+    if args.record:
+        writable("--record", args.record)
     key = api_key.read(args.api_key_file)
     model, results = run_probes(args.server_url, model=args.model, niah_depths=depths, reference=reference, api_key=key,
                                 max_tokens=args.max_tokens, timeout=args.timeout,

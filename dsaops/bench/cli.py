@@ -8,12 +8,11 @@ run completed, 1 when a level or a request failed, 2 on bad input.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 
 from dsaops import api_key
-from dsaops.cli_args import http_url, seconds
+from dsaops.cli_args import http_url, seconds, writable
 from dsaops.errors import UserError
 
 DEFAULT_TOP = 256   # the sweep's last level when the server's cap is unknown
@@ -72,13 +71,6 @@ def positive(name: str, value, *, allow_none: bool = False) -> None:
         return
     if value is None or value <= 0:
         raise UserError(f"--{name} must be positive, not {value}")
-
-
-def writable(flag: str, path: str) -> None:
-    """Checked before a run, so that a run's result is not lost to an unwritable output path."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(path):
-        raise UserError(f"{flag} {path}: cannot write there; give a file in a folder you may write to")
 
 
 def concurrency_levels(text: str) -> list[int]:

@@ -198,6 +198,16 @@ def test_record_then_compare_with_the_reference(server, capsys, tmp_path):
     assert verify(url, capsys, "--niah-depths", "", "--reference", str(ref))[0] == 0
 
 
+@pytest.mark.parametrize("record", ["{tmp}", "{tmp}/nodir/ref.json"])
+def test_an_unwritable_record_is_refused_before_any_probe(server, capsys, tmp_path, record):
+    url, srv = server()
+    record = record.format(tmp=tmp_path)
+    assert main(["verify", "--server-url", url, "--niah-depths", "", "--record", record]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dsaops verify: --record {record}: cannot write there; give a file in a folder you may write to\n"
+    assert srv.prompts == []
+
+
 def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
     (tmp_path / "r.json").write_text("{}")
     assert main(["verify", "--server-url", "http://127.0.0.1:9", "--reference", str(tmp_path / "r.json")]) == 2
