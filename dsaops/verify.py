@@ -46,7 +46,9 @@ def add_parser(sub) -> None:
                                         "message. A launch that starts serving or keeps running fails, and is killed.")
     how = g.add_mutually_exclusive_group(required=True)
     how.add_argument("--image", help="docker run this image with the gate flags (needs a GPU host)")
-    how.add_argument("--command", help="any launch command (a shell string) that should be refused")
+    # its own dest: `command` is the subcommand's name, which error lines print
+    how.add_argument("--command", dest="launch_command", metavar="COMMAND",
+                     help="any launch command (a shell string) that should be refused")
     g.add_argument("--model-path", default="zai-org/GLM-5.3-Flash", help="with --image: the model to launch")
     g.add_argument("--docker-arg", action="append", default=[], help="with --image: extra `docker run` argument "
                    "(repeat), e.g. --docker-arg=-v --docker-arg=/models:/models")
@@ -169,9 +171,9 @@ def run_boot_gate(args) -> int:
         def cleanup():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     else:
-        if not args.command.strip():
+        if not args.launch_command.strip():
             raise UserError("--command is empty: give the launch command that should be refused")
-        command = args.command
+        command = args.launch_command
     print(f"boot gate: {boot_gate.describe(command)}", file=sys.stderr, flush=True)
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = boot_gate.run_gate(command, timeout=args.timeout, progress=progress, cleanup=cleanup,

@@ -109,7 +109,12 @@ def test_a_missing_launcher_is_a_failure_not_a_crash(capsys):
 def test_image_without_docker_says_what_to_do(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["verify", "boot-gate", "--image", IMAGE]) == 2
-    assert "--command" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("dsaops verify: --image needs the docker CLI")
+
+
+def test_an_empty_command_names_the_subcommand(capsys):
+    assert main(["verify", "boot-gate", "--command", " "]) == 2
+    assert capsys.readouterr().err.startswith("dsaops verify: --command is empty")
 
 
 def test_a_timeout_that_never_ends_is_refused(capsys):
