@@ -33,15 +33,20 @@ def http_url(text: str) -> str:
     return text.rstrip("/")
 
 
-def seconds(text: str) -> float:
-    """argparse type: a finite number of seconds above 0 and at most MAX_SECONDS."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to {MAX_SECONDS}, got {text}")
-    return value
+def seconds_up_to(most: float):
+    """argparse type: a finite number of seconds above 0 and at most `most` (nan made a poll loop spin)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= most:  # false for nan too
+            raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to {most:.10g}, got {text}")
+        return value
+    return parse
+
+
+seconds = seconds_up_to(MAX_SECONDS)
 
 
 def writable(flag: str, path: str) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import urllib.parse
 
+from dsaops.cli_args import http_url, seconds_up_to
 from dsaops.errors import UserError
 
 # not 9400 (dcgm-exporter) nor 9100 (node_exporter); loopback unless told otherwise (the playbooks give
@@ -28,11 +28,11 @@ def add_parser(sub) -> None:
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
     # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s
-    p.add_argument("--interval", type=seconds(50), default=5.0, help="seconds between /server_info polls (default 5)")
+    p.add_argument("--interval", type=seconds_up_to(50), default=5.0, help="seconds between /server_info polls (default 5)")
     p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank for the alert")
     p.add_argument("--state-file", help="where counts and the ranks seen persist across restarts of the exporter "
                                         "(a file on the node, e.g. /var/lib/dsaops/exporter/state.json)")
-    p.add_argument("--stop-window", type=seconds(600), default=20.0,
+    p.add_argument("--stop-window", type=seconds_up_to(600), default=20.0,
                    help="seconds the ranks of one server may take to stop one after another (default 20)")
     p.add_argument("--container", action="append", default=[],
                    help="a Docker container to watch (restarts, exit code, OOMKilled); repeatable")
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     h.add_argument("--server-url", required=True, help="SGLang's HTTP address, e.g. http://127.0.0.1:30000")
     h.add_argument("--expect-ranks", type=int, help="scheduler ranks that must be alive on this node")
     # at most 4 s: a HEALTHCHECK answer is due within 5 s
-    h.add_argument("--timeout", type=seconds(4), default=3.0, help="seconds to wait for /health (default 3)")
+    h.add_argument("--timeout", type=seconds_up_to(4), default=3.0, help="seconds to wait for /health (default 3)")
     h.add_argument("--container", help="also ask the Docker Engine about this container (a check run on the host)")
     h.add_argument("--docker-url", help="the Docker Engine's address (default: $DOCKER_HOST or the local socket)")
     h.set_defaults(func=run_healthcheck)
@@ -73,33 +73,12 @@ def add_parser(sub) -> None:
 
 
 def check_server_url(url: str) -> None:
-    """An http(s) URL with a host and, if any, a numeric port (urllib raises mid-request on anything else);
-    checked here, not as an argparse type, as the image's lint parses its commands with placeholder values."""
-    hint = "give an http:// or https:// address, e.g. http://127.0.0.1:30000"
-    if any(c.isspace() or not c.isprintable() for c in url):
-        raise UserError(f"--server-url {url!r} has a space or control character: {hint}")
+    """cli_args.http_url's check, run here rather than as the argparse type: the image's lint parses
+    these commands with placeholder values."""
     try:
-        parts = urllib.parse.urlsplit(url)
-        _ = parts.port  # raises ValueError for a port that is not a number in 0-65535
-        if parts.hostname:
-            parts.hostname.encode("idna")  # what the resolver is asked for: an empty or too long label raises
-    except ValueError as e:  # UnicodeError is one
-        raise UserError(f"--server-url {url!r} is not a valid URL ({e}): {hint}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--server-url {url!r}: {hint}")
-
-
-def seconds(most: float):
-    """argparse type of a duration in (0, most] seconds; nan and inf are refused (nan made a poll loop spin)."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not 0 < value <= most:  # false for nan too
-            raise argparse.ArgumentTypeError(f"give a number of seconds in (0, {most:g}], got {text!r}")
-        return value
-    return parse
+        http_url(url)
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"--server-url {e}") from None
 
 
 def parse_listen(value: str) -> tuple[str, int]:

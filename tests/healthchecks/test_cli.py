@@ -76,7 +76,7 @@ def test_an_interval_that_is_not_a_finite_number_of_seconds_is_refused():
                           ("--stop-window", "inf")):
         r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
                    option, value, timeout=10)
-        assert r.returncode == 2 and f"argument {option}: give a number of seconds" in r.stderr, (value, r.stderr)
+        assert r.returncode == 2 and f"argument {option}: must be a positive number of seconds up to" in r.stderr, (value, r.stderr)
 
 
 def test_the_docker_proxy_replaces_a_stale_socket_but_never_a_file(tmp_path):

@@ -61,4 +61,4 @@ def test_a_malformed_server_url_is_a_clear_error_not_a_traceback():
 def test_a_timeout_past_the_healthcheck_deadline_is_refused():
     for value in ("nan", "inf", "5", "0"):
         code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--timeout", value)
-        assert code == 2 and "argument --timeout: give a number of seconds in (0, 4]" in out, (value, out)
+        assert code == 2 and "argument --timeout: must be a positive number of seconds up to 4," in out, (value, out)
