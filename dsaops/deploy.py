@@ -74,23 +74,78 @@ def check_inventory(inventory: Path, path: str) -> set[str]:
     return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
 
 
-def inline_secret(extra: str) -> str | None:
-    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there)."""
+class _Opaque:
+    """A value Ansible alone can read (a !vault or !unsafe tag): not checked before it runs."""
+
+
+def _load_yaml(text: str):
+    """`text` as Ansible loads extra variables: JSON, else YAML (its tags read as _Opaque)."""
     import yaml  # beside Ansible; the CLI's other commands stay stdlib-only
 
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: _Opaque())
+    try:
+        return yaml.load(text, Loader=Loader)  # a SafeLoader that also reads Ansible's tags
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        why = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"is not valid JSON or YAML{where} ({why})") from None
+
+
+def read_extra_vars(extra: str) -> tuple[str, dict | None]:
+    """An -e argument checked as Ansible will read it: the argument to pass on (@FILE made absolute, as
+    Ansible reads a relative one from the playbooks' folder) and the variables it sets (None: encrypted)."""
+    argument = extra
+    if extra.startswith("@"):
+        file = Path(extra[1:]).expanduser().absolute()
+        argument, what = f"@{file}", f"-e {extra}"
+        if not file.exists():
+            raise UserError(f"{what}: no such file ({file}); give the path of a YAML or JSON file of variables")
+        if file.is_dir():
+            raise UserError(f"{what}: {file} is a folder; give a YAML or JSON file of variables")
+        try:
+            text = file.read_bytes().decode()
+        except OSError as e:
+            raise UserError(f"{what}: cannot read {file} ({e.strerror}); make it readable") from None
+        except UnicodeDecodeError:
+            raise UserError(f"{what}: {file} is not text; give a YAML or JSON file of variables") from None
+        if text.startswith("$ANSIBLE_VAULT;"):
+            return argument, None
+        fix = "give NAME: VALUE lines or a JSON object"
+    elif extra[:1] in ("/", "."):
+        raise UserError(f"-e {extra}: give a file of variables with @, as -e @{extra}")
+    elif extra[:1] in ("{", "["):
+        what, text, fix = "an -e argument starting with " + extra[0], extra, 'give an object such as \'{"name": 1}\''
+    else:
+        try:
+            words = shlex.split(extra, posix=True)
+        except ValueError:  # not shown: the argument may hold a secret
+            raise UserError("an -e argument has an unclosed quote; close it, or give the variables in a file "
+                            "with -e @FILE") from None
+        return extra, dict(word.split("=", 1) for word in words if "=" in word)
+    try:
+        variables = _load_yaml(text)
+    except ValueError as e:
+        raise UserError(f"{what} {e}; {fix}") from None
+    if not isinstance(variables, dict):
+        raise UserError(f"{what} holds no mapping of variables; {fix}")
+    return argument, variables
+
+
+def inline_secret(extra: str) -> str | None:
+    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there)."""
     if extra.startswith("@"):
         return None
-    try:
-        parsed = yaml.safe_load(extra) if extra.lstrip().startswith("{") else None
-    except yaml.YAMLError:
-        parsed = None
-    try:
-        words = [] if isinstance(parsed, dict) else shlex.split(extra, posix=True)
-    except ValueError:  # not shown: the argument may hold a secret
-        raise UserError("an -e argument has an unclosed quote; close it, or give the variables in a file "
-                        "with -e @FILE") from None
-    names = set(parsed) if isinstance(parsed, dict) else {word.split("=", 1)[0] for word in words if "=" in word}
-    return next((name for name in SECRET_VARIABLES if name in names), None)
+    variables = read_extra_vars(extra)[1]
+    return next((name for name in SECRET_VARIABLES if name in variables), None)
 
 
 def run(args) -> int:
@@ -110,11 +165,13 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     if not token.isprintable() or " " in token:
         raise UserError("HF_TOKEN in the environment holds a newline, space or other unprintable character; "
                         "give the Hugging Face token alone")
+    passed: list[str] = []
     for extra in extra_vars:
         if secret := inline_secret(extra):
             raise UserError(f"-e {secret}=...: a secret on the command line is shown by ps to every user; give it "
                             "from an Ansible vault in the inventory, from a file (-e @FILE, mode 0600), or, for the "
                             "Hugging Face token, as HF_TOKEN in dsaops deploy's environment")
+        passed.append(read_extra_vars(extra)[0])
     if tags:
         unknown = set(tags.split(",")) - set(PHASES)
         if unknown:
@@ -133,7 +190,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     hosts = check_inventory(inventory_path, path)
 
     cmdline = []
-    for extra in extra_vars:
+    for extra in passed:
         cmdline += ["-e", extra]
     if check:
         cmdline.append("--check")

@@ -11,11 +11,13 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dsaops import pins, targets
+from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, recap
@@ -43,8 +45,8 @@ def test_syntax_check(inventory, playbook):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def print_commands(inventory, *extra, env=None):
-    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra, env=env)
+def print_commands(inventory, *extra, env=None, cwd=REPO):
+    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -411,6 +413,62 @@ def test_an_hf_token_with_a_newline_is_refused():
     result = print_commands("h20-8gpu", env={"HF_TOKEN": "hf_abc\nEVIL=1"})
     assert result.returncode == 2 and "HF_TOKEN in the environment holds a newline" in result.stderr
     assert "hf_abc" not in result.stderr
+
+
+def test_an_extra_vars_file_is_read_from_the_current_folder(tmp_path, monkeypatch):
+    """Ansible reads a relative @FILE from the playbooks' folder: it used to be "Could not find or access"."""
+    from dsaops.deploy import read_extra_vars
+
+    (tmp_path / "vars.yml").write_text("dsaops_server_port: 30123\n")
+    result = print_commands("h20-8gpu", "-e", "@vars.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--port 30123" in result.stdout
+    monkeypatch.chdir(tmp_path)
+    assert read_extra_vars("@vars.yml") == (f"@{tmp_path}/vars.yml", {"dsaops_server_port": 30123})
+    assert read_extra_vars('{"a": 1}') == ('{"a": 1}', {"a": 1}) and read_extra_vars("a=1 b='x y'")[1] == {
+        "a": "1", "b": "x y"}
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("@nofile.yml", "-e @nofile.yml: no such file ("),
+    ("@adir", "adir is a folder; give a YAML or JSON file of variables"),
+    ("@bin.json", "bin.json is not text; give a YAML or JSON file of variables"),
+    ("@broken.yml", "-e @broken.yml is not valid JSON or YAML at line 2, column 1 ("),
+    ("@list.yml", "-e @list.yml holds no mapping of variables; give NAME: VALUE lines or a JSON object"),
+    ("@empty.yml", "-e @empty.yml holds no mapping of variables"),
+    ('{bad json', "an -e argument starting with { is not valid JSON or YAML at line 1, column 10 ("),
+    ('{"dsaops_api_key": "hf_abc",', "an -e argument starting with { is not valid JSON or YAML"),
+    ("[1]", "an -e argument starting with [ holds no mapping of variables"),
+    ("./vars.yml", "-e ./vars.yml: give a file of variables with @, as -e @./vars.yml"),
+])
+def test_bad_extra_vars_are_one_line_and_exit_2(tmp_path, extra, says):
+    """They used to reach Ansible, which printed some 40 lines in colour and exit 1."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "bin.json").write_bytes(bytes(range(128, 256)))
+    (tmp_path / "broken.yml").write_text("a: [\n")
+    (tmp_path / "list.yml").write_text("- 1\n")
+    (tmp_path / "empty.yml").write_text("")
+    result = print_commands("h20-8gpu", "-e", extra, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert "hf_abc" not in result.stderr
+
+
+def test_an_unreadable_extra_vars_file_is_one_line(tmp_path, monkeypatch):
+    from dsaops.deploy import read_extra_vars
+
+    (tmp_path / "vars.yml").write_text("a: 1\n")
+    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    with pytest.raises(UserError, match=r"^-e @.*vars.yml: cannot read .*vars.yml \(Permission denied\); make it readable$"):
+        read_extra_vars(f"@{tmp_path}/vars.yml")
+
+
+def test_ansible_tags_and_vaults_in_an_extra_vars_file_pass_to_ansible(tmp_path):
+    from dsaops.deploy import _Opaque, read_extra_vars
+
+    (tmp_path / "tagged.yml").write_text('x: !unsafe "{{ y }}"\n')
+    (tmp_path / "vault.yml").write_text("$ANSIBLE_VAULT;1.1;AES256\n3036\n")
+    assert isinstance(read_extra_vars(f"@{tmp_path}/tagged.yml")[1]["x"], _Opaque)
+    assert read_extra_vars(f"@{tmp_path}/vault.yml") == (f"@{tmp_path}/vault.yml", None)
 
 
 def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
