@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dsaops.errors import UserError
-from dsaops.inventory_checks import SECRET_VARIABLES
+from dsaops.inventory_checks import SECRET_VARIABLES, refusals
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
@@ -54,23 +54,56 @@ def _members(listing: dict, group: str) -> set[str]:
     return set(entry.get("hosts", [])).union(*(_members(listing, child) for child in entry.get("children", [])))
 
 
-def check_inventory(inventory: Path, path: str) -> set[str]:
-    """The inventory's hosts; stops before Ansible runs when it has no serving hosts (Ansible itself
-    skips every play of an empty or unreadable inventory and reports success)."""
+def _listing(inventory: Path, path: str) -> tuple[dict, str]:
+    """`ansible-inventory --list` of `inventory` (empty when Ansible cannot read it), and its stderr."""
     listed = subprocess.run([shutil.which("ansible-inventory", path=path) or "ansible-inventory", "-i", str(inventory),
                              "--list"], capture_output=True, text=True, check=False, timeout=120,
                             env=os.environ | {"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path})
     try:
-        listing = json.loads(listed.stdout)
+        return json.loads(listed.stdout), listed.stderr
     except json.JSONDecodeError:
-        listing = {}
+        return {}, listed.stderr
+
+
+def _shown(host: str) -> str:
+    """A host name fit for a one-line message (as check-inventory.yml shows it)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "?", host)
+
+
+def _plain(value) -> bool:
+    """Whether `value` is what Ansible will use: no template to render, no vault to decrypt."""
+    if isinstance(value, str):
+        return "{{" not in value and "{%" not in value
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return "__ansible_vault" not in value and all(_plain(v) for v in value.values())
+    return not isinstance(value, _Opaque)
+
+
+def check_inventory(inventory: Path, path: str, overrides: dict | None = None) -> set[str]:
+    """The inventory's hosts; stops before Ansible runs when it has no serving hosts (Ansible itself
+    skips every play of an empty or unreadable inventory and reports success), or when a value of
+    the hosts the run checks is refused (as check-inventory.yml refuses it, with the -e `overrides`
+    on top; None: some are encrypted, leave the check to the playbook)."""
+    listing, stderr = _listing(inventory, path)
     if not _members(listing, "dsaops_cluster"):
-        unreadable = "Unable to parse" in listed.stderr
+        unreadable = "Unable to parse" in stderr
         why = "Ansible cannot read it as an inventory" if unreadable else "it puts no host in group dsaops_cluster"
         raise UserError(f"{inventory}: {why}; give an inventory with the dsaops groups (dsaops_cluster with "
                         f"dsaops_head and dsaops_workers), e.g. {INVENTORIES / 'dgx-spark-2x.yml'}")
     if not _members(listing, "dsaops_head"):
         raise UserError(f"{inventory}: no host in group dsaops_head; put the node of rank 0 there")
+    checked = _members(listing, "dsaops_cluster") | _members(listing, "dsaops_monitoring")
+    if overrides is not None:
+        hostvars = listing.get("_meta", {}).get("hostvars", {})
+        refused: dict[str, list[str]] = {}
+        for host in sorted(checked):
+            values = {"inventory_hostname": host, **hostvars.get(host, {}), **overrides}
+            for line in refusals({name: value for name, value in values.items() if _plain(value)}):
+                refused.setdefault(line, []).append(_shown(host))
+        if refused:
+            raise UserError(" ".join(f"{', '.join(on)}: {line}" for line, on in refused.items()))
     return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
 
 
@@ -166,12 +199,15 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
         raise UserError("HF_TOKEN in the environment holds a newline, space or other unprintable character; "
                         "give the Hugging Face token alone")
     passed: list[str] = []
+    overrides: dict | None = {}
     for extra in extra_vars:
         if secret := inline_secret(extra):
             raise UserError(f"-e {secret}=...: a secret on the command line is shown by ps to every user; give it "
                             "from an Ansible vault in the inventory, from a file (-e @FILE, mode 0600), or, for the "
                             "Hugging Face token, as HF_TOKEN in dsaops deploy's environment")
-        passed.append(read_extra_vars(extra)[0])
+        argument, variables = read_extra_vars(extra)
+        passed.append(argument)
+        overrides = None if overrides is None or variables is None else overrides | variables
     if tags:
         unknown = set(tags.split(",")) - set(PHASES)
         if unknown:
@@ -187,7 +223,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     if not shutil.which("ansible-playbook", path=path):
         raise UserError("ansible-playbook is not installed: run `make setup` in the dsaops checkout "
                         "(or `pip install -e '.[deploy]'` there)")
-    hosts = check_inventory(inventory_path, path)
+    hosts = check_inventory(inventory_path, path, overrides=overrides)
 
     cmdline = []
     for extra in passed:

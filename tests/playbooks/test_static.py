@@ -362,15 +362,20 @@ HOSTILE = {
 SECRET_VALUES = ("hf_x", "short")
 
 
-def test_hostile_values_stop_the_run_before_anything_renders(tmp_path):
-    """A host name with a newline and a command, ansible_host with spaces and a newline, a cluster address that
-    is no address, and HOSTILE: one run of print-commands.yml, refused in the first play, nothing rendered."""
+def _hostile_inventory(tmp_path):
     hosts = {"h1\ntouch /tmp/dsaops-pwned": {"ansible_host": "10.0.0.1 -oProxyCommand=x\n",
                                              "dsaops_cluster_address": "10.0.0.256"}}
     inventory = tmp_path / "hostile.yml"
     inventory.write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {
         "vars": {"dsaops_target": "sm_90", **HOSTILE},
         "children": {"dsaops_head": {"hosts": hosts}}}}}}))
+    return inventory
+
+
+def test_hostile_values_stop_the_run_before_anything_renders(tmp_path):
+    """A host name with a newline and a command, ansible_host with spaces and a newline, a cluster address that
+    is no address, and HOSTILE: one run of print-commands.yml, refused in the first play, nothing rendered."""
+    inventory = _hostile_inventory(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     result = _run(str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOKS / "print-commands.yml"),
@@ -413,6 +418,62 @@ def test_an_hf_token_with_a_newline_is_refused():
     result = print_commands("h20-8gpu", env={"HF_TOKEN": "hf_abc\nEVIL=1"})
     assert result.returncode == 2 and "HF_TOKEN in the environment holds a newline" in result.stderr
     assert "hf_abc" not in result.stderr
+
+
+def test_deploy_refuses_what_the_playbook_refuses_in_one_line_before_ansible_runs(tmp_path):
+    """The values check-inventory.yml refuses (the hostile inventory above) stop `dsaops deploy` with exit 2
+    in one line, each named, no secret shown, before any playbook runs."""
+    result = print_commands(str(_hostile_inventory(tmp_path)))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
+    for name in [*HOSTILE, "inventory_hostname", "ansible_host", "dsaops_cluster_address"]:
+        assert f"{name}=" in result.stderr or f"{name} (not shown) is refused" in result.stderr, name
+    assert result.stderr.startswith("dsaops deploy: h1?touch??tmp?dsaops-pwned: ")
+    assert not any(secret in result.stderr for secret in SECRET_VALUES)
+
+
+@pytest.mark.parametrize("name, value, line", [
+    ("dsaops_tp_size", 0, "h20-1: dsaops_tp_size=0 is refused: it must be a whole number of 1 or more."),
+    ("dsaops_mem_fraction_static", 1.5, "h20-1: dsaops_mem_fraction_static=1.5 is refused: it must be a fraction"),
+])
+def test_a_refused_inventory_value_is_one_line_and_exit_2(tmp_path, name, value, line):
+    """It used to run the playbook, which stopped with one line per host and a summary, exit 1."""
+    inventory = tmp_path / "inv.yml"
+    content = yaml.safe_load((PLAYBOOKS / "inventories/h20-8gpu.yml").read_text())
+    content["all"]["children"]["dsaops_cluster"]["vars"][name] = value
+    inventory.write_text(yaml.safe_dump(content))
+    result = print_commands(str(inventory))
+    assert result.returncode == 2 and result.stderr.startswith(f"dsaops deploy: {line}"), result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_the_inventory_check_takes_extra_vars_templates_and_vaults(tmp_path):
+    """What Ansible would run with passes: -e overrides a refused value, a template or a vault is left to the
+    playbook."""
+    from dsaops.deploy import check_inventory
+
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("""
+all:
+  children:
+    dsaops_cluster:
+      vars: {dsaops_tp_size: 0, dsaops_weights_dir: "{{ elsewhere }}"}
+      children:
+        dsaops_head:
+          hosts:
+            a:
+              sglang_server_hf_token: !vault |
+                $ANSIBLE_VAULT;1.1;AES256
+                3036
+        dsaops_workers:
+          hosts:
+            b: {dsaops_server_port: 99999}
+""")
+    path = str(BIN)
+    with pytest.raises(UserError, match=r"^b: dsaops_server_port=99999 is refused"):
+        check_inventory(inventory, path, overrides={"dsaops_tp_size": "8"})
+    with pytest.raises(UserError, match=r"^a, b: dsaops_tp_size=0 is refused.* b: dsaops_server_port=99999"):
+        check_inventory(inventory, path, overrides={})
+    assert check_inventory(inventory, path, overrides=None) == {"a", "b"}      # an encrypted -e file: the playbook checks
 
 
 def test_an_extra_vars_file_is_read_from_the_current_folder(tmp_path, monkeypatch):
