@@ -54,15 +54,19 @@ def _members(listing: dict, group: str) -> set[str]:
     return set(entry.get("hosts", [])).union(*(_members(listing, child) for child in entry.get("children", [])))
 
 
-def _listing(inventory: Path, path: str) -> tuple[dict, str]:
+def _listing(inventory: Path, path: str, *options: str) -> tuple[dict, str]:
     """`ansible-inventory --list` of `inventory` (empty when Ansible cannot read it), and its stderr."""
     listed = subprocess.run([shutil.which("ansible-inventory", path=path) or "ansible-inventory", "-i", str(inventory),
-                             "--list"], capture_output=True, text=True, check=False, timeout=120,
+                             "--list", *options], capture_output=True, text=True, check=False, timeout=120,
                             env=os.environ | {"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path})
     try:
         return json.loads(listed.stdout), listed.stderr
     except json.JSONDecodeError:
         return {}, listed.stderr
+
+
+def _hosts(listing: dict) -> set[str]:
+    return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
 
 
 def _shown(host: str) -> str:
@@ -81,11 +85,11 @@ def _plain(value) -> bool:
     return not isinstance(value, _Opaque)
 
 
-def check_inventory(inventory: Path, path: str, overrides: dict | None = None) -> set[str]:
+def check_inventory(inventory: Path, path: str, limit: str | None = None, overrides: dict | None = None) -> set[str]:
     """The inventory's hosts; stops before Ansible runs when it has no serving hosts (Ansible itself
-    skips every play of an empty or unreadable inventory and reports success), or when a value of
-    the hosts the run checks is refused (as check-inventory.yml refuses it, with the -e `overrides`
-    on top; None: some are encrypted, leave the check to the playbook)."""
+    skips every play of an empty or unreadable inventory and reports success), when `limit` matches
+    none of them, or when a value of the hosts the run checks is refused (as check-inventory.yml
+    refuses it, with the -e `overrides` on top; None: some are encrypted, leave the check to the playbook)."""
     listing, stderr = _listing(inventory, path)
     if not _members(listing, "dsaops_cluster"):
         unreadable = "Unable to parse" in stderr
@@ -94,7 +98,14 @@ def check_inventory(inventory: Path, path: str, overrides: dict | None = None) -
                         f"dsaops_head and dsaops_workers), e.g. {INVENTORIES / 'dgx-spark-2x.yml'}")
     if not _members(listing, "dsaops_head"):
         raise UserError(f"{inventory}: no host in group dsaops_head; put the node of rank 0 there")
+    hosts = _hosts(listing)
     checked = _members(listing, "dsaops_cluster") | _members(listing, "dsaops_monitoring")
+    if limit:
+        limited = _hosts(_listing(inventory, path, "--limit", limit)[0])
+        if not limited:
+            raise UserError(f"--limit {limit!r} matches no host of {inventory}; give a pattern that matches "
+                            f"one of its hosts: {', '.join(sorted(map(_shown, hosts)))}")
+        checked &= limited
     if overrides is not None:
         hostvars = listing.get("_meta", {}).get("hostvars", {})
         refused: dict[str, list[str]] = {}
@@ -104,7 +115,7 @@ def check_inventory(inventory: Path, path: str, overrides: dict | None = None) -
                 refused.setdefault(line, []).append(_shown(host))
         if refused:
             raise UserError(" ".join(f"{', '.join(on)}: {line}" for line, on in refused.items()))
-    return set(listing.get("_meta", {}).get("hostvars", {})) | _members(listing, "all")
+    return hosts
 
 
 class _Opaque:
@@ -223,7 +234,7 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     if not shutil.which("ansible-playbook", path=path):
         raise UserError("ansible-playbook is not installed: run `make setup` in the dsaops checkout "
                         "(or `pip install -e '.[deploy]'` there)")
-    hosts = check_inventory(inventory_path, path, overrides=overrides)
+    hosts = check_inventory(inventory_path, path, limit=limit, overrides=overrides)
 
     cmdline = []
     for extra in passed:

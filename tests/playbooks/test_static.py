@@ -446,9 +446,9 @@ def test_a_refused_inventory_value_is_one_line_and_exit_2(tmp_path, name, value,
     assert result.stderr.count("\n") == 1 and result.stdout == ""
 
 
-def test_the_inventory_check_takes_extra_vars_templates_and_vaults(tmp_path):
+def test_the_inventory_check_takes_extra_vars_templates_vaults_and_the_limit(tmp_path):
     """What Ansible would run with passes: -e overrides a refused value, a template or a vault is left to the
-    playbook."""
+    playbook, and hosts outside --limit are not checked (the playbook's plays skip them)."""
     from dsaops.deploy import check_inventory
 
     inventory = tmp_path / "inv.yml"
@@ -469,11 +469,19 @@ all:
             b: {dsaops_server_port: 99999}
 """)
     path = str(BIN)
+    assert check_inventory(inventory, path, limit="a", overrides={"dsaops_tp_size": "8"}) == {"a", "b"}
     with pytest.raises(UserError, match=r"^b: dsaops_server_port=99999 is refused"):
         check_inventory(inventory, path, overrides={"dsaops_tp_size": "8"})
     with pytest.raises(UserError, match=r"^a, b: dsaops_tp_size=0 is refused.* b: dsaops_server_port=99999"):
-        check_inventory(inventory, path, overrides={})
+        check_inventory(inventory, path, limit="dsaops_cluster", overrides={})
     assert check_inventory(inventory, path, overrides=None) == {"a", "b"}      # an encrypted -e file: the playbook checks
+
+
+def test_a_limit_that_matches_no_host_is_one_line_and_exit_2():
+    """It used to run Ansible, which printed its warnings and "failed (0 failure(s) above)", exit 1."""
+    result = print_commands("h20-8gpu", "--limit", "h20-9")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--limit 'h20-9' matches no host of " in result.stderr and result.stderr.endswith("its hosts: h20-1\n")
 
 
 def test_an_extra_vars_file_is_read_from_the_current_folder(tmp_path, monkeypatch):
