@@ -219,10 +219,10 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
         argument, variables = read_extra_vars(extra)
         passed.append(argument)
         overrides = None if overrides is None or variables is None else overrides | variables
-    if tags:
+    if tags is not None:  # "" would run every phase
         unknown = set(tags.split(",")) - set(PHASES)
         if unknown:
-            raise UserError(f"unknown phase(s) {', '.join(sorted(unknown))}; phases: {', '.join(PHASES)}")
+            raise UserError(f"unknown phase(s) {', '.join(sorted(unknown)) or repr(tags)}; phases: {', '.join(PHASES)}")
     inventory_path = resolve_inventory(inventory)
     try:
         import ansible_runner

@@ -167,7 +167,7 @@ def make_plan(req: PlanRequest) -> Plan:
     target = targets.get(req.target)
     # a ModelConfigError, here or in the sizing below, is a UserError already
     model = (model_geometry.load_config_file(req.model_config) if req.model_config
-             else model_geometry.load_preset(req.model or "glm-5.3-flash"))
+             else model_geometry.load_preset("glm-5.3-flash" if req.model is None else req.model))
     par = _parallelism(req)
     hip = target.vendor == "amd"
     try:

@@ -98,9 +98,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    if args.name:
+    if args.name is not None:  # "" is an unknown target, not the whole table
         target = get(args.name)
-        if args.field:
+        if args.field is not None:
             value = asdict(target).get(args.field)
             if value is None:
                 raise UnknownTarget(f"target {args.name} has no field {args.field!r}; fields: {', '.join(asdict(target))}")
@@ -108,7 +108,7 @@ def run(args) -> int:
         else:
             print(json.dumps(asdict(target), indent=2) if args.json else _row(target))
         return 0
-    if args.field:
+    if args.field is not None:
         raise UnknownTarget("--field needs a target name, e.g. `dsaops targets sm_121 --field platform`")
     print(as_json() if args.json else "\n".join(_row(t) for t in table().values()))
     return 0

@@ -122,6 +122,8 @@ def run_healthcheck(args) -> int:
     from dsaops.healthchecks.healthcheck import run
 
     check_server_url(args.server_url)
+    if args.container == "":
+        raise UserError("--container: give the name of the container SGLang runs in (or leave the flag out)")
     return run(args)
 
 

@@ -57,6 +57,13 @@ def test_cli_json_and_field(capsys):
     assert main(["targets", "sm_121", "--field", "nope"]) == 2
 
 
+@pytest.mark.parametrize("argv", [["targets", ""], ["targets", "sm_90", "--field", ""], ["targets", "--field", ""]])
+def test_an_empty_name_or_field_is_refused_not_ignored(argv, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+
+
 def test_console_script_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "dsaops", "targets"], capture_output=True, text=True, check=True).stdout
     assert "sm_121" in out and "101376" in out

@@ -50,6 +50,8 @@ def test_missing_rank_fails_even_when_health_says_200(fake_server, launcher):
 def test_bad_input_is_a_clear_error():
     code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--expect-ranks", "0")
     assert code == 2 and "--expect-ranks must be at least 1" in out
+    code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--container", "")
+    assert code == 2 and "--container: give the name" in out and out.count("\n") == 1, out
 
 
 def test_a_malformed_server_url_is_a_clear_error_not_a_traceback():

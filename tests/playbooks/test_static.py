@@ -223,6 +223,7 @@ def test_generated_flags_exist_in_pinned_sglang(printed):
 @pytest.mark.parametrize("argv, message", [
     (["-i", "no-such-cluster"], "inventory 'no-such-cluster' not found; give a file or one of: dgx-spark-2x, h20-8gpu"),
     (["-i", "local", "--tags", "preflight,gpus"], "unknown phase(s) gpus; phases: preflight, host_memory"),
+    (["-i", "local", "--tags", ""], "unknown phase(s) ''; phases: preflight, host_memory"),
     (["-i", "local", "--print-commands", "--check"], "--print-commands renders commands only"),
 ])
 def test_deploy_refuses_bad_input(argv, message):
