@@ -37,6 +37,7 @@ NEW, OLD = ".dsaops-new", ".dsaops-old"
 _DENIED = "run as the tree's owner, and check `lsattr` for an immutable (i) flag"
 _MOUNTED = "it is a mount point; patch the tree where its files are not mounted one by one"
 _FULL = "free some space on it"
+_IN_THE_WAY = "a folder stands where the file goes; move it aside"
 _HINTS = {errno.EROFS: "remount it read-write", errno.ENOSPC: _FULL,
           errno.EDQUOT: _FULL, errno.EPERM: _DENIED, errno.EACCES: _DENIED, errno.EXDEV: _MOUNTED,
           errno.EBUSY: _MOUNTED}
@@ -60,7 +61,9 @@ def side(path: Path, suffix: str) -> Path:
 def describe(e: OSError, path: Path, verb: str = "write") -> str:
     """One line: the file, the system's reason, and what to do about it."""
     name = errno.errorcode.get(e.errno, str(e.errno))
-    hint = _HINTS.get(e.errno)
+    target = Path(e.filename or path)
+    # a folder in a file's place fails as EPERM or EISDIR, which reads as a permissions problem
+    hint = _IN_THE_WAY if target.is_dir() and not target.is_symlink() else _HINTS.get(e.errno)
     return f"cannot {verb} {e.filename or path}: {e.strerror} ({name})" + (f"; {hint}" if hint else "")
 
 

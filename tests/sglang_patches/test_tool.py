@@ -186,6 +186,15 @@ def test_a_target_that_is_not_utf8_is_refused(root, capsys):
     assert tree_hash(root) == before
 
 
+def test_a_folder_where_the_marker_goes_is_named_as_such(root, capsys):
+    (root / tree.MARKER).mkdir()
+    before = tree_hash(root)
+    assert patches("apply", root=root) == 2
+    err = capsys.readouterr().err
+    assert "a folder stands where the file goes; move it aside" in err and "lsattr" not in err, err
+    assert len(err.splitlines()) == 1 and tree_hash(root) == before
+
+
 @pytest.mark.parametrize("text", ["[]", "{}", '{"files": []}', "not json"])
 def test_a_marker_that_is_not_one_reads_as_foreign(root, text, capsys):
     (root / tree.MARKER).write_text(text)
