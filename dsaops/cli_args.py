@@ -1,6 +1,6 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
 import it): an http(s) server URL and a number of seconds as argparse types, and an output path
-that must be writable before a long run starts.
+that must be writable, or a folder that can be made, before a long run starts.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import math
 import os
 import urllib.parse
+from pathlib import Path
 
 from dsaops.errors import UserError
 
@@ -47,6 +48,14 @@ def seconds_up_to(most: float):
 
 
 seconds = seconds_up_to(MAX_SECONDS)
+
+
+def can_write_in(folder: Path) -> bool:
+    """Whether files can be made in folder: it, or (for mkdir -p) its nearest existing parent, is a writable folder."""
+    folder = folder.absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def writable(flag: str, path: str) -> None:

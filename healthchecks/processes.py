@@ -145,6 +145,9 @@ class Scheduler:
         return self.pid, self.ticks
 
 
+_SCHEDULER_TYPES = typing.get_type_hints(Scheduler)  # what each field of a saved rank must be
+
+
 @dataclass
 class _Vanished:
     proc: Scheduler
@@ -389,7 +392,7 @@ class ProcessWatcher(BackgroundLoop):
             rec = dict(rec)
             code = rec.pop("exit_code", None)
             proc = Scheduler(**rec)
-            for name, kind in typing.get_type_hints(Scheduler).items():  # else it fails later, in a loop
+            for name, kind in _SCHEDULER_TYPES.items():  # else it fails later, in a loop
                 value = getattr(proc, name)
                 if isinstance(value, bool) or not isinstance(value, kind):
                     raise TypeError(f"a saved rank's {name} is {value!r}")

@@ -17,6 +17,7 @@ from dsaops.kernels import route, selftest
 from dsaops.kernels.build import build
 
 from dsaops import pins
+from dsaops.cli_args import can_write_in
 from dsaops.errors import UserError
 
 
@@ -72,7 +73,7 @@ def run_compile(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     # checked before compiling: TileLang would fail on it only after a first round of compiles
-    if args.cache_dir and not selftest.can_write_in(Path(args.cache_dir)):
+    if args.cache_dir and not can_write_in(Path(args.cache_dir)):
         raise UserError(f"--cache-dir {args.cache_dir} is not a folder you may write to or create; give one that is")
     try:
         import tilelang  # noqa: F401

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dsaops.kernels import route
 
+from dsaops.cli_args import can_write_in
 from dsaops.errors import UserError
 
 TOPK = 2048
@@ -158,14 +159,6 @@ def write_verdict(verdict: dict, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(verdict, indent=1) + "\n")
     partial.replace(path)
-
-
-def can_write_in(folder: Path) -> bool:
-    """Whether files can be made in folder: it, or (for mkdir -p) its nearest existing parent, is a writable folder."""
-    folder = folder.absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def check_out(out: Path, given: bool) -> None:
