@@ -18,6 +18,16 @@ def patches(*argv, root=None):
     return cli.main(args)
 
 
+def refused_unchanged(root, capsys, *says):
+    """check, apply and status each refuse (exit 2) saying all of `says`; the tree is untouched."""
+    before = tree_hash(root)
+    for action in ("check", "apply", "status"):
+        assert patches(action, root=root) == 2
+        err = capsys.readouterr().err
+        assert all(s in err for s in says), err
+    assert tree_hash(root) == before
+
+
 @pytest.fixture
 def root(sparse_root):
     return sparse_root
@@ -63,12 +73,7 @@ def test_wrong_version_exits_2_and_changes_nothing(root, where, capsys):
     else:
         version_py = root / "sglang/_version.py"
         version_py.write_text(version_py.read_text().replace(f"'{pins.SGLANG}'", "'0.5.24'"))
-    before = tree_hash(root)
-    for action in ("check", "apply", "status"):
-        assert patches(action, root=root) == 2
-        err = capsys.readouterr().err
-        assert f"sglang=={pins.SGLANG}" in err and "0.5.24" in err
-    assert tree_hash(root) == before
+    refused_unchanged(root, capsys, f"sglang=={pins.SGLANG}", "0.5.24")
 
 
 def test_a_version_py_not_in_utf8_is_read_not_a_traceback(root, capsys):
@@ -76,12 +81,7 @@ def test_a_version_py_not_in_utf8_is_read_not_a_traceback(root, capsys):
     version_py = root / "sglang/_version.py"
     text = version_py.read_text()
     version_py.write_bytes(text.replace(f"'{pins.SGLANG}'", "'0.5.\xff'").encode("latin-1"))
-    before = tree_hash(root)
-    for action in ("check", "apply", "status"):
-        assert patches(action, root=root) == 2
-        err = capsys.readouterr().err
-        assert f"sglang=={pins.SGLANG}" in err and "sglang/_version.py says 0.5." in err
-    assert tree_hash(root) == before
+    refused_unchanged(root, capsys, f"sglang=={pins.SGLANG}", "sglang/_version.py says 0.5.")
     version_py.write_bytes(b"# \xff\n" + text.encode())
     assert patches("check", root=root) == 0
 
