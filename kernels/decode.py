@@ -3,14 +3,16 @@
 The eager path must cost little host time (SGLang 0.5.23's `@tilelang.jit` look-ups dominate its
 eager call): kernels are compiled once per (target, tile, d_tail) into an in-process cache, the
 tile, split and kernels are chosen once per call shape (`_plan`), and a call does a few shape
-checks, one to four `torch.empty`, and one or two launches (a call of two splits runs them as
-clusters that merge in the kernel: tiles.PAIRED).
+checks, one to six `torch.empty`, and one to four launches (a call of two splits runs them as
+clusters that merge in the kernel: tiles.PAIRED; a batch past whole waves of blocks may run those
+first and the rest after them: splits.lead_queries).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import os
+from typing import NamedTuple
 
 from dsaops.kernels import route, splits, tiles
 
@@ -199,45 +201,62 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=kv_scale)
 
 
+class Phase(NamedTuple):
+    """One launch of a call (and its merge): `count` queries from `first`, `splits` splits of `tile`."""
+    first: int
+    count: int
+    tile: object
+    splits: int
+
+
 def choose_plan(target, S: int, H: int, topk: int, d_tail: int, sm_count: int, row_scaled: bool = False,
-                tile=None):
-    """(tile, split count) of a call shape on `target` with sm_count SMs: the batch size picks between
-    Hopper's tiles (tiles.too_few_queries), the wave model the splits; two splits of a tile in
-    tiles.PAIRED run its cluster, which merges them itself. tile: forced (benchmarks, tests).
+                tile=None) -> tuple[Phase, ...]:
+    """The launches of a call shape on `target` with sm_count SMs: one, or whole waves of blocks and
+    then the rest (splits.lead_queries), both of one tile. The batch size picks between Hopper's tiles
+    (tiles.too_few_queries), the wave model the splits; two splits of a tile in tiles.PAIRED run its
+    cluster, which merges them itself. tile: forced (benchmarks, tests).
     No GPU needed: _plan's choice, which the dispatch tests check."""
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, d_tail=d_tail, row_scaled=row_scaled, few_queries=few)
-    n_split = 2 if tile.pairs else splits.choose_split(S, H, -(-topk // tile.block_rows), tile, sm_count)
-    if n_split == 2 and tile in tiles.PAIRED:
-        tile = tiles.PAIRED[tile]
-    return tile, n_split
+    steps = -(-topk // tile.block_rows)
+    lead = splits.lead_queries(S, H, steps, tile, sm_count)
+
+    def phase(first: int, count: int) -> Phase:
+        n_split = 2 if tile.pairs else splits.choose_split(count, H, steps, tile, sm_count)
+        return Phase(first, count, tiles.PAIRED[tile] if n_split == 2 and tile in tiles.PAIRED else tile, n_split)
+
+    return (phase(0, lead), phase(lead, S - lead)) if lead else (phase(0, S),)
 
 
 @functools.cache
 def _plan(device_index: int, S: int, H: int, topk: int, width: int, d_v: int, tile, row_scaled: bool,
           target_name: str | None = None):
-    """(decode entry, combine entry or None, split count, rows a split owns, kv_scale stand-in, lse
-    scratch) for one call shape, once per shape: a call then costs one look-up keyed by ints instead
-    of the tile and split choice and two hashed kernel look-ups. The stand-in fills the raw layout's
-    kv_scale argument, which its kernel never reads (one signature for both layouts). The scratch
-    takes the lse of a call that does not return it: the kernels write it and nothing reads it, so
-    every such call may share it, on any stream (an allocation costs about what a launch does).
+    """(launches, kv_scale stand-in, lse scratch) for one call shape, once per shape: a call then
+    costs one look-up keyed by ints instead of the tile and split choice and hashed kernel look-ups.
+    A launch is (its queries as a slice, decode entry, combine entry or None, split count, rows a
+    split owns). The stand-in fills the raw layout's kv_scale argument, which its kernel never reads
+    (one signature for both layouts). The scratch takes the lse of a call that does not return it:
+    the kernels write it and nothing reads it, so every such call may share it, on any stream (an
+    allocation costs about what a launch does).
     target_name: kernels of another target than the device's (kernel_target: a proxy)."""
     import torch
 
     target, sm_count = _device_facts(device_index)
     if target_name is not None:
         target = kernel_target(target_name)
-    tile, n_split = choose_plan(target, S, H, topk, width - d_v, sm_count, row_scaled, tile)
-    # every split owns as many tiles; the kernel reads positions past top-k as -1 and stops after a
-    # split's last tile with a valid row, so top-k is never padded here
-    split_rows = -(-topk // (tile.block_rows * n_split)) * tile.block_rows
-    if split_rows > tile.index_rows:  # a forced two-split tile only
-        raise ValueError(f"top-k {topk} needs more than {tile.name}'s {n_split} splits of {tile.index_rows} rows")
-    return (entry(_kernel(target, tile, width - d_v, row_scaled=row_scaled)),
-            entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile.pairs else None,
-            n_split,
-            split_rows,
+    launches = []
+    for first, count, tile_, n_split in choose_plan(target, S, H, topk, width - d_v, sm_count, row_scaled, tile):
+        # every split owns as many tiles; the kernel reads positions past top-k as -1 and stops after a
+        # split's last tile with a valid row, so top-k is never padded here
+        split_rows = -(-topk // (tile_.block_rows * n_split)) * tile_.block_rows
+        if split_rows > tile_.index_rows:  # a forced two-split tile only
+            raise ValueError(f"top-k {topk} needs more than {tile_.name}'s {n_split} splits of {tile_.index_rows} rows")
+        launches.append((slice(first, first + count),
+                         entry(_kernel(target, tile_, width - d_v, row_scaled=row_scaled)),
+                         entry(_kernel(target, tiles.combine_for(n_split), None)) if n_split > 1 and not tile_.pairs else None,
+                         n_split,
+                         split_rows))
+    return (tuple(launches),
             torch.empty(1, device=f"cuda:{device_index}"),
             torch.empty((S, H), dtype=torch.float32, device=f"cuda:{device_index}"))
 
@@ -252,19 +271,23 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     topk = indices.shape[2]
     dev = q.device
     device_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    decode, combine, n_split, split_rows, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile,
-                                                                      kv_scale is not None, target)
+    launches, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None, target)
     if q.dtype != torch.bfloat16:
         q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
     scale = unread if kv_scale is None else kv_scale
-    # split k's heads at rows k*H.. (decode_parts.decode_kernel): one split writes the answer itself
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((S, H), dtype=torch.float32, device=dev) if return_lse else lse_scratch
-    if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer
-        decode(q, kv, scale, indices, float(sm_scale), split_rows, out, lse)
-    else:
-        part_o = torch.empty((S, n_split * H, d_v), dtype=torch.bfloat16, device=dev)
-        part_lse = torch.empty((S, n_split * H), dtype=torch.float32, device=dev)
-        decode(q, kv, scale, indices, float(sm_scale), split_rows, part_o, part_lse)
-        combine(part_o, part_lse, n_split, out, lse)
+    for queries, decode, combine, n_split, split_rows in launches:
+        if len(launches) > 1:  # each its queries, a contiguous slice (one launch skips the slicing's host cost)
+            q_, indices_, out_, lse_ = q[queries], indices[queries], out[queries], lse[queries]
+        else:
+            q_, indices_, out_, lse_ = q, indices, out, lse
+        if combine is None:  # one split, or two merged by their cluster: the kernel writes the answer
+            decode(q_, kv, scale, indices_, float(sm_scale), split_rows, out_, lse_)
+        else:  # split k's heads at rows k*H.. (decode_parts.decode_kernel)
+            count = q_.shape[0]
+            part_o = torch.empty((count, n_split * H, d_v), dtype=torch.bfloat16, device=dev)
+            part_lse = torch.empty((count, n_split * H), dtype=torch.float32, device=dev)
+            decode(q_, kv, scale, indices_, float(sm_scale), split_rows, part_o, part_lse)
+            combine(part_o, part_lse, n_split, out_, lse_)
     return (out, lse) if return_lse else out

@@ -9,6 +9,11 @@ splits cost the merge kernel, which reads every split's partial back (64 KB a 64
 two splits of a tile in tiles.PAIRED run as 2-SM clusters that merge in the kernel. Everything is
 in tile times of the tile in use; the constants are estimates from the H200's measurements (the
 perf log has them), and only their ratios matter.
+
+One launch splits every query alike, so a batch a little past whole waves of blocks splits them
+all (H = 64, S = 160 on 132 SMs: two splits, 26 tile times). lead_queries may instead run the
+whole waves first, one split a query, and the rest after them in a second launch with its own
+split count (132 unsplit, then 28 in four splits: 23 tile times).
 """
 from __future__ import annotations
 
@@ -64,3 +69,18 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     times = {n: split_time(S, heads, steps, tile, sm_count, n) for n in range(least, most + 1)}
     best = min(times.values())
     return min(n for n, t in times.items() if t <= best * (1 + TOLERANCE))
+
+
+def lead_queries(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
+    """Queries to run first, in launches of their own: the whole waves of blocks of choose_split's
+    count for them, with the rest in a second launch of its own count; 0 (one launch) unless the
+    two are modeled faster by more than TOLERANCE, which the second launch's start must pay for."""
+    per_wave = sm_count // -(-heads // tile.heads_per_block)
+    lead = S // per_wave * per_wave if per_wave and not tile.pairs else 0
+    if lead in (0, S):
+        return 0
+
+    def best(queries: int) -> float:
+        return split_time(queries, heads, steps, tile, sm_count, choose_split(queries, heads, steps, tile, sm_count))
+
+    return lead if best(lead) + best(S - lead) < best(S) * (1 - TOLERANCE) else 0

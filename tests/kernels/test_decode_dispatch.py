@@ -113,7 +113,7 @@ def test_small_batches_take_the_tile_and_splits_measured_fastest(S, heads, want)
     """(heads a block, rows a tile, splits) at top-k 2048 on the H200's 132 SMs, each the fastest of
     the 64-row, 128-row and 16-head tiles at 8 to 32 splits there (docs/perf-log/2026-12-02.md and
     2026-12-03.md)."""
-    tile, n = decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)
+    (_, _, tile, n), = decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)
     assert (tile.heads_per_block, tile.block_rows, n) == want
 
 
@@ -151,8 +151,30 @@ def test_the_split_fills_the_waves_of_sms(S, want):
 def test_the_wave_model_picks_the_split_count_measured_fastest(S, heads, want):
     """H200, top-k 2048, 128-row tiles: batch sizes where a block's fixed part of half a tile or of
     a whole one changes the model's split count; each `want` ran fastest of the counts forced there
-    (docs/perf-log/2026-12-02.md), 3-18% ahead of the other."""
-    assert decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)[1] == want
+    (docs/perf-log/2026-12-02.md), 3-18% ahead of the other. (The count of one launch: S = 136 to 210
+    run as two, test_a_batch_past_whole_waves_runs_them_first_then_the_rest.)"""
+    tile = tiles.choose(targets.get("sm_90"), heads, d_tail=0)
+    assert choose_split(S, heads, 2048 // tile.block_rows, tile, sm_count=132) == want
+
+
+@pytest.mark.parametrize(("S", "heads", "want"), [
+    (140, 64, ((0, 132, 1), (132, 8, 16))), (160, 64, ((0, 132, 1), (132, 28, 4))),
+    (300, 64, ((0, 264, 1), (264, 36, 3))), (80, 128, ((0, 66, 1), (66, 14, 4))),
+    (160, 16, ((0, 132, 1), (132, 28, 4))),
+    # one launch: whole waves (132, 256 = 132 + 124), or a rest that two splits fill (192 = 132 + 60)
+    (132, 64, ((0, 132, 1),)), (256, 64, ((0, 256, 1),)), (192, 64, ((0, 192, 2),)), (64, 128, ((0, 64, 1),))])
+def test_a_batch_past_whole_waves_runs_them_first_then_the_rest(S, heads, want):
+    """(first query, queries, splits) of each launch at top-k 2048 on 132 SMs: one split a query
+    leaves a part-filled last wave, two splits for all (S = 160 at H = 64: 26.25 tile times) leave
+    one too; the whole waves first, then the rest in four splits, fill both (23.1)."""
+    phases = decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132)
+    assert tuple((p.first, p.count, p.splits) for p in phases) == want
+    assert len({p.tile.heads_per_block for p in phases}) == 1  # both launches of one tile family
+    if len(phases) == 2:
+        tile = phases[0].tile
+        one = splits.split_time(S, heads, 16, tile, 132, splits.choose_split(S, heads, 16, tile, 132))
+        two = sum(splits.split_time(p.count, heads, 16, tile, 132, p.splits) for p in phases)
+        assert two < one * (1 - splits.TOLERANCE)
 
 
 def test_the_wave_model():

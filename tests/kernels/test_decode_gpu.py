@@ -158,7 +158,8 @@ def test_two_splits_merge_in_their_cluster(S, H):
     tiles_of[1, 0, 1::2] = -1  # the second split's tiles
     tiles_of[2, 0, 0::2] = -1  # the first split's
     idx[3] = -1
-    _, combine, n_split, *_ = decode._plan(torch.cuda.current_device(), S, H, 2048, D_V, D_V, None, False)
+    launches, *_ = decode._plan(torch.cuda.current_device(), S, H, 2048, D_V, D_V, None, False)
+    (_, _, combine, n_split, _), = launches
     assert n_split == 2 and combine is None
     out, lse = sparse_mla_decode_fp8(q, kv, idx, scale, return_lse=True)
     ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
@@ -194,6 +195,30 @@ def test_a_short_context_stops_after_its_last_valid_row(S, H, target):
     for length in (torch.full((S,), 300), torch.ones(S)) if target is None else ():  # the valid count, a wrong one
         again = sparse_mla_decode_fp8(q, kv, idx, scale, topk_length=length.to(torch.int32).cuda())
         assert torch.equal(again, out)
+
+
+@pytest.mark.parametrize(("S", "H"), [(140, 64), (80, 128), (160, 16)])
+def test_whole_waves_then_the_rest_each_write_their_own_queries(S, H, target):
+    """A batch past whole waves of blocks runs them in one launch and the rest in a second of more
+    splits (splits.lead_queries): each query's output and lse land in its own row, for a query with
+    every row masked and one with 300 valid rows on either side of the seam."""
+    scale = D_V**-0.5
+    q, kv, idx = make(S, H, 0, 2048, seed=S + H)
+    launches, *_ = decode._plan(torch.cuda.current_device(), S, H, 2048, D_V, D_V, None, False, target)
+    assert len(launches) == 2
+    seam = launches[0][0].stop
+    empty = (seam - 1, S - 1)
+    for s in empty:
+        idx[s] = -1
+    idx[seam - 2, 0, 300:] = -1
+    idx[seam, 0, 300:] = -1
+    out, lse = decode_on(target, q, kv, idx, scale, return_lse=True)
+    ref, ref_lse = reference.sparse_mla_decode(q, kv, idx, scale, return_lse=True)
+    keep = [s for s in range(S) if s not in empty]
+    assert rel_err(out[keep], ref[keep]) <= 0.01
+    assert (lse[keep] - ref_lse[keep]).abs().max().item() <= 1e-3
+    for s in empty:
+        assert (out[s] == 0).all() and torch.isneginf(lse[s]).all()
 
 
 @pytest.mark.parametrize(("S", "topk"), [(4, 100), (48, 300)])
