@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
     # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s
     p.add_argument("--interval", type=seconds_up_to(50), default=5.0, help="seconds between /server_info polls (default 5)")
-    p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank for the alert")
+    p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank and "
+                                  "binding_limit for the alerts")
     p.add_argument("--state-file", help="where counts and the ranks seen persist across restarts of the exporter "
                                         "(a file on the node, e.g. /var/lib/dsaops/exporter/state.json)")
     p.add_argument("--stop-window", type=seconds_up_to(600), default=20.0,
@@ -91,7 +92,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 def run_exporter(args) -> int:
     from dsaops.healthchecks.exporter import Config, Exporter
     from dsaops.healthchecks.http import serve
-    from dsaops.healthchecks.server_info import read_plan
+    from dsaops.healthchecks.server_info import PlanFigures, read_plan
 
     from dsaops import api_key
 
@@ -99,10 +100,11 @@ def run_exporter(args) -> int:
     check_server_url(args.server_url)
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
-    planned = read_plan(args.plan) if args.plan else None
+    plan = read_plan(args.plan) if args.plan else PlanFigures(None, None)
     key = api_key.read(args.api_key_file)
     exporter = Exporter(Config(server_url=args.server_url, api_key=key, node=args.node, log_file=args.log_file,
-                               interval=args.interval, stop_window=args.stop_window, planned_tokens=planned,
+                               interval=args.interval, stop_window=args.stop_window,
+                               planned_tokens=plan.kv_pool_tokens_per_rank, planned_binding=plan.binding_limit,
                                containers=args.container, docker_url=args.docker_url, state_file=args.state_file,
                                kmsg=None if args.kmsg == "none" else args.kmsg, cgroup_root=args.cgroup_root))
     try:

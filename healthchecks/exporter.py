@@ -31,6 +31,7 @@ class Config:
     process_interval: float = 1.0    # scheduler process poll
     stop_window: float = 20.0        # how long ranks of one server may take to stop one after another
     planned_tokens: int | None = None
+    planned_binding: str | None = None   # the plan's binding_limit (request, dp_split, kv, mamba)
     containers: list[str] = field(default_factory=list)
     docker_url: str | None = None
     state_file: str | None = None
@@ -80,7 +81,8 @@ class Exporter:
     def collectors(self) -> list[tuple[str, object]]:
         """(error source, collector), the errors' own collector last so it counts this scrape's."""
         f = self.families
-        out = [("server_info", ServerInfoCollector(self.poller, self.log, f, self.cfg.planned_tokens)),
+        out = [("server_info", ServerInfoCollector(self.poller, self.log, f, self.cfg.planned_tokens,
+                                                      self.cfg.planned_binding)),
                ("processes", WorkerCollector(self.watcher, f)),
                ("hostmem", HostMemoryCollector(self.errors, f, self.cfg.proc))]
         if self.log is not None:

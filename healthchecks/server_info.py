@@ -194,26 +194,44 @@ def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
                      nope_q8=(prefill, decode) == (Q8_PREFILL, "tilelang"))
 
 
-def read_plan(path: str) -> int:
-    """`kv_pool_tokens_per_rank` from `dsaops plan --json` output."""
+@dataclass(frozen=True)
+class PlanFigures:
+    """What the exporter takes from `dsaops plan --json`."""
+    kv_pool_tokens_per_rank: int | None  # None: no --plan
+    binding_limit: str | None            # None: no --plan, or a plan without the key (exported as no series)
+
+
+def read_plan(path: str) -> PlanFigures:
+    """`kv_pool_tokens_per_rank` and `binding_limit` from `dsaops plan --json` output."""
     try:
         with open(path) as f:
-            value = json.load(f)["kv_pool_tokens_per_rank"]
+            plan = json.load(f)
+        value = plan["kv_pool_tokens_per_rank"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"--plan {path}: cannot read kv_pool_tokens_per_rank ({e}); "
                         "give the output of `dsaops plan ... --json`") from e
     if not isinstance(value, int) or value <= 0:
         raise UserError(f"--plan {path}: kv_pool_tokens_per_rank must be a positive integer, got {value!r}")
-    return value
+    binding = plan.get("binding_limit")
+    if "binding_limit" in plan and binding not in concurrency.BINDING_LIMITS:
+        raise UserError(f"--plan {path}: binding_limit must be one of {', '.join(concurrency.BINDING_LIMITS)}, "
+                        f"got {binding!r}; give the output of `dsaops plan ... --json`")
+    return PlanFigures(value, binding)
+
+
+def by_label(binding: str) -> str:
+    """The `by` label of a binding limit: `none` where the request itself binds."""
+    return "none" if binding == "request" else binding
 
 
 class ServerInfoCollector:
     """Server up, KV capacity and dtype/layout, max_running_requests, the mamba cache, what
-    binds concurrency (dsaops.concurrency.resolve), and the planned pool size."""
+    binds concurrency (dsaops.concurrency.resolve), and the planned pool size and binding."""
 
     def __init__(self, poller: ServerInfoPoller, log: LogState | None, families: Families,
-                 planned_tokens: int | None = None):
+                 planned_tokens: int | None = None, planned_binding: str | None = None):
         self.poller, self.log, self.f, self.planned = poller, log, families, planned_tokens
+        self.planned_binding = planned_binding
 
     def collect(self):
         f = self.f
@@ -223,6 +241,12 @@ class ServerInfoCollector:
         if self.planned is not None:
             out.append(f.gauge("dsa_kv_pool_planned_tokens", "KV pool tokens per rank the plan expects "
                                "(dsaops plan --json: kv_pool_tokens_per_rank)").add(self.planned).family)
+        if self.planned_binding is not None:
+            planned = f.gauge("dsa_concurrency_planned_binding", "1 on what the plan expects to bind the running "
+                              "requests (dsaops plan --json: binding_limit; none: the request itself)", ("by",))
+            for by in concurrency.BINDING_LIMITS:
+                planned.add(1 if by == self.planned_binding else 0, by_label(by))
+            out.append(planned.family)
         info = self.poller.info
         log_kv = self._log_snapshot()
         out.append(self._kv_info(info, log_kv[0]).family)
@@ -300,7 +324,7 @@ class ServerInfoCollector:
             mrr.add(res.requested_per_dp, "requested", d)
             mrr.add(state.effective if state.effective is not None else res.effective_per_dp, "effective", d)
             for by in concurrency.BINDING_LIMITS:
-                capped.add(1 if res.binding == by else 0, "none" if by == "request" else by, d)
+                capped.add(1 if res.binding == by else 0, by_label(by), d)
         mamba = [slots.family, per_req.family, cap.family] if info.patched else self._mamba_from_log(
             log_kv, (slots, per_req, cap))
         return [capacity.family, kv_bytes.family, mrr.family, capped.family, *mamba]

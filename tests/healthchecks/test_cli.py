@@ -19,7 +19,7 @@ def dsaops(*args, timeout=30):
 def test_exporter_serves_with_node_and_plan(tmp_path, fake_server):
     """The server wants its API key for /server_info (as SGLang with --api-key): the exporter reads it from a file."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "kv_layout": "raw_fp8"}))
+    plan.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "kv_layout": "raw_fp8", "binding_limit": "dp_split"}))
     fake_server.api_key = "the-clusters-api-key-0123456789"
     key = tmp_path / "api-key"
     key.write_text(fake_server.api_key + "\n")
@@ -40,6 +40,8 @@ def test_exporter_serves_with_node_and_plan(tmp_path, fake_server):
         assert wait_for(up, 10)
         out = scrape(f"http://127.0.0.1:{port}/metrics")
         assert out['dsa_kv_pool_planned_tokens{node="gb10-a"}'] == 4922240
+        assert out['dsa_concurrency_planned_binding{by="dp_split",node="gb10-a"}'] == 1
+        assert out['dsa_concurrency_planned_binding{by="none",node="gb10-a"}'] == 0
         assert all('node="gb10-a"' in key for key in out)
     finally:
         proc.terminate()
@@ -57,6 +59,10 @@ def test_bad_listen_plan_and_busy_port_are_clear_errors(tmp_path):
     bad.write_text("{}")
     r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--plan", str(bad))
     assert r.returncode == 2 and "kv_pool_tokens_per_rank" in r.stderr
+    bad.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "binding_limit": "dp-split"}))
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--plan", str(bad))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"dsaops exporter: --plan {bad}: binding_limit must be one of request, dp_split")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -8,7 +8,7 @@ import pytest
 from dsaops.healthchecks import server_info
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
-from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller, layout_of, read_plan
+from dsaops.healthchecks.server_info import PlanFigures, ServerInfoCollector, ServerInfoPoller, layout_of, read_plan
 from prometheus_client import CollectorRegistry, generate_latest
 
 from benchmarks.sglang_standin import log_lines as L
@@ -16,12 +16,12 @@ from dsaops.errors import UserError
 from tests.healthchecks.prometheus_text import exposition
 
 
-def metrics(fake_server, log: LogState | None = None, planned=None, api_key=None):
+def metrics(fake_server, log: LogState | None = None, planned=None, api_key=None, planned_binding=None):
     errors = ErrorCounts()
     poller = ServerInfoPoller(fake_server.url, errors, timeout=2, api_key=api_key)
     poller.poll()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServerInfoCollector(poller, log, Families("n1"), planned))
+    registry.register(ServerInfoCollector(poller, log, Families("n1"), planned, planned_binding))
     return exposition(generate_latest(registry).decode()), errors
 
 
@@ -81,6 +81,19 @@ def test_nothing_binds(fake_server):
     assert capped(out) == {"none"}
 
 
+def test_planned_binding_in_the_cap_vocabulary(fake_server):
+    """The plan's binding beside the server's, labelled alike, so the alert can join them on `by`."""
+    out, _ = metrics(fake_server, planned_binding="dp_split")
+    assert capped(out) == {"dp_split"}
+    assert {k: v for k, v in out.items() if k.startswith("dsa_concurrency_planned_binding")} == {
+        f'dsa_concurrency_planned_binding{{by="{by}",node="n1"}}': float(by == "dp_split")
+        for by in ("none", "dp_split", "kv", "mamba")}
+    out, _ = metrics(fake_server, planned_binding="request")
+    assert out['dsa_concurrency_planned_binding{by="none",node="n1"}'] == 1
+    out, _ = metrics(fake_server)  # no --plan, or a plan without binding_limit: no series
+    assert not any(k.startswith("dsa_concurrency_planned_binding") for k in out)
+
+
 def test_worker_node_404_falls_back_to_health(fake_server):
     fake_server.info = None
     out, errors = metrics(fake_server)
@@ -127,7 +140,9 @@ def test_layouts():
 def test_plan(tmp_path):
     good = tmp_path / "plan.json"
     good.write_text(json.dumps({"kv_layout": "raw_fp8", "kv_pool_tokens_per_rank": 4922240}))
-    assert read_plan(str(good)) == 4922240
+    assert read_plan(str(good)) == PlanFigures(4922240, None)  # no binding_limit: none exported
+    good.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "binding_limit": "dp_split"}))
+    assert read_plan(str(good)) == PlanFigures(4922240, "dp_split")
     bad = tmp_path / "bad.json"
     bad.write_text('{"kv_layout": "raw_fp8"')
     with pytest.raises(UserError, match="kv_pool_tokens_per_rank"):
@@ -135,6 +150,11 @@ def test_plan(tmp_path):
     bad.write_text('{"kv_pool_tokens_per_rank": -1}')
     with pytest.raises(UserError, match="positive integer"):
         read_plan(str(bad))
+    for binding in ("dp-split", None, ["kv"]):
+        bad.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "binding_limit": binding}))
+        with pytest.raises(UserError, match=r"^--plan .*: binding_limit must be one of request, dp_split, kv, mamba, "
+                                            r"got .*; give the output of `dsaops plan \.\.\. --json`$"):
+            read_plan(str(bad))
 
 
 # --- stock and patched SGLang, /server_info as the pinned wheel builds it --------------------
