@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
+import yaml
 from dsaops.healthchecks.exporter import Config
 
 from benchmarks.sglang_standin import log_lines as L
 from tests.healthchecks.prometheus_text import scrape
 from tests.support.polling import wait_for
 
+RULES = Path(__file__).resolve().parents[2] / "healthchecks" / "rules" / "dsaops.yml"
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 
 
@@ -23,8 +26,19 @@ def stack(request, prometheus, fake_server, exporter_on, launcher, tmp_path):
     lch = launcher(TITLES)
     log.write_text("".join(L.line(L.kv_allocated(4922240, 32.48), (f"TP{i}",)) for i in range(4)))
     exp = exporter_on(Config(server_url=fake_server.url, node=node, log_file=str(log), interval=1.0,
-                             stop_window=3.0, planned_tokens=4900000), prometheus.exporter_port)
+                             stop_window=3.0, planned_tokens=4900000, planned_binding="dp_split"),
+                      prometheus.exporter_port)
     return {"node": node, "log": log, "launcher": lch, "exporter": exp, "server": fake_server, "prom": prometheus}
+
+
+def alert_expr(name: str) -> str:
+    rules = yaml.safe_load(RULES.read_text())["groups"]
+    return next(r["expr"] for g in rules for r in g["rules"] if r.get("alert") == name)
+
+
+def on_node(stack, expr: str) -> list:
+    """`expr`'s series of this test's node (the session's Prometheus holds earlier tests' too)."""
+    return [r for r in stack["prom"].query(expr) if r["metric"].get("node") == stack["node"]]
 
 
 def sel(stack, name, **labels):
@@ -45,6 +59,10 @@ def test_values_deaths_and_clean_stop_through_prometheus(stack):
     assert prom.value(sel(stack, "dsa_kv_pool_planned_tokens")) == 4900000
     assert seen(stack, sel(stack, "dsa_concurrency_capped", by="dp_split", dp_rank="0"), 1.0)
     assert prom.value(f'sum({sel(stack, "dsa_concurrency_capped", dp_rank="0")})') == 1
+    # the split the plan expected: the scraped series join, and DsaConcurrencyCapped's expression is empty
+    assert prom.value(sel(stack, "dsa_concurrency_planned_binding", by="dp_split")) == 1
+    alert = alert_expr("DsaConcurrencyCapped")
+    assert on_node(stack, alert.partition(" unless ")[0]) and not on_node(stack, alert)
     assert prom.value(sel(stack, "dsa_max_running_requests", scope="requested", dp_rank="7")) == 1
     assert prom.value(f'count({sel(stack, "dsa_kv_cache_info", dtype="float8_e4m3fn", layout="raw_fp8")})') == 1
 

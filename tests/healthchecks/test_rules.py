@@ -43,16 +43,25 @@ def test_every_alert_has_a_test():
     assert alerts and alerts == tested
 
 
-def test_negative_control_a_wrong_threshold_fails_the_tests(promtool, tmp_path):
-    """The unit tests can fail: the death alert made to need 5 deaths misses the one death."""
+PLAN_JOIN = 'unless on (node, by) (dsa_concurrency_planned_binding == 1)'
+
+
+@pytest.mark.parametrize("right,wrong,alert", [
+    # the death alert made to need 5 deaths misses the one death
+    ("increase(dsa_worker_deaths_total[10m]) > 0", "increase(dsa_worker_deaths_total[10m]) > 5", "DsaWorkerRankDied"),
+    # the cap alert without the plan fires for the planned split; joined on node alone it misses the KV cap
+    (PLAN_JOIN, "unless on (node, by) (vector(0) == 1)", "DsaConcurrencyCapped"),
+    (PLAN_JOIN, PLAN_JOIN.replace("(node, by)", "(node)"), "DsaConcurrencyCapped"),
+], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node"])
+def test_negative_control_a_wrong_rule_fails_the_tests(promtool, tmp_path, right, wrong, alert):
+    """The unit tests can fail: each rule made wrong fails its alert's cases."""
     (tmp_path / "tests").mkdir()
     text = (RULES / "dsaops.yml").read_text()
-    assert "increase(dsa_worker_deaths_total[10m]) > 0" in text
-    (tmp_path / "dsaops.yml").write_text(text.replace("increase(dsa_worker_deaths_total[10m]) > 0",
-                                                      "increase(dsa_worker_deaths_total[10m]) > 5"))
+    assert right in text
+    (tmp_path / "dsaops.yml").write_text(text.replace(right, wrong))
     shutil.copy(RULES / "tests" / "dsaops_test.yml", tmp_path / "tests")
     r = run(promtool, "test", "rules", "tests/dsaops_test.yml", cwd=tmp_path)
-    assert r.returncode != 0 and "DsaWorkerRankDied" in r.stdout + r.stderr
+    assert r.returncode != 0 and alert in r.stdout + r.stderr
 
 
 def test_every_metric_in_the_rules_is_documented():
