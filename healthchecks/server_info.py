@@ -210,7 +210,7 @@ def read_plan(path: str) -> PlanFigures:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"--plan {path}: cannot read kv_pool_tokens_per_rank ({e}); "
                         "give the output of `dsaops plan ... --json`") from e
-    if not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:  # JSON true is a Python int
         raise UserError(f"--plan {path}: kv_pool_tokens_per_rank must be a positive integer, got {value!r}")
     binding = plan.get("binding_limit")
     if "binding_limit" in plan and binding not in concurrency.BINDING_LIMITS:

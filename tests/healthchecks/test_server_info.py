@@ -147,9 +147,10 @@ def test_plan(tmp_path):
     bad.write_text('{"kv_layout": "raw_fp8"')
     with pytest.raises(UserError, match="kv_pool_tokens_per_rank"):
         read_plan(str(bad))
-    bad.write_text('{"kv_pool_tokens_per_rank": -1}')
-    with pytest.raises(UserError, match="positive integer"):
-        read_plan(str(bad))
+    for tokens in ("-1", "true"):
+        bad.write_text(f'{{"kv_pool_tokens_per_rank": {tokens}}}')
+        with pytest.raises(UserError, match="positive integer"):
+            read_plan(str(bad))
     for binding in ("dp-split", None, ["kv"]):
         bad.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "binding_limit": binding}))
         with pytest.raises(UserError, match=r"^--plan .*: binding_limit must be one of request, dp_split, kv, mamba, "
