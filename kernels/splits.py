@@ -72,9 +72,10 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
 
 
 def lead_queries(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
-    """Queries to run first, in launches of their own: the whole waves of blocks of choose_split's
-    count for them, with the rest in a second launch of its own count; 0 (one launch) unless the
-    two are modeled faster by more than TOLERANCE, which the second launch's start must pay for."""
+    """Queries to run first, in a launch of their own: as many as fill whole waves of SMs with their
+    head blocks, the rest following in a second launch, each launch with choose_split's count for
+    its queries. 0 (one launch) unless the two are modeled faster by more
+    than TOLERANCE, a margin that also pays for the second launch's start."""
     per_wave = sm_count // -(-heads // tile.heads_per_block)
     lead = S // per_wave * per_wave if per_wave and not tile.pairs else 0
     if lead in (0, S):
