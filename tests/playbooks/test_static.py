@@ -307,6 +307,21 @@ def test_preflight_leaves_the_exporters_port_to_its_own_container(tmp_path):
         assert serving.returncode == 0, serving.stdout[-3000:]
 
 
+def test_the_quick_start_without_a_gpu_says_so_first(tmp_path):
+    """README's `ansible-playbook playbooks/cluster.yml` (local.yml) on a host whose nvidia-smi and rocminfo fail:
+    the no-GPU reason comes right after the value checks, before the cluster's checks and the rest of preflight."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for tool in ("nvidia-smi", "rocminfo"):
+        (fake / tool).write_text("#!/bin/sh\nexit 9\n")
+        (fake / tool).chmod(0o755)
+    result = _run(str(BIN / "ansible-playbook"), "playbooks/cluster.yml", env={"PATH": f"{fake}{os.pathsep}{ENV['PATH']}"})
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "No GPU found on this-host (nvidia-smi and rocminfo both failed)" in " ".join(result.stdout.split())
+    # 9 tasks pass before it (value checks, the probe); check-cluster.yml alone would add 9 more, as it once did.
+    assert recap(result.stdout)["this-host"]["ok"] <= 12, recap(result.stdout)
+
+
 def test_one_target_and_image_on_every_node(tmp_path):
     inventory = (PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
         "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n              dsaops_image: mine:1")
