@@ -34,15 +34,19 @@ def http_url(text: str) -> str:
     return text.rstrip("/")
 
 
-def seconds_up_to(most: float):
-    """argparse type: a finite number of seconds above 0 and at most `most` (nan made a poll loop spin)."""
+def seconds_up_to(most: float, least: float = 0.0):
+    """argparse type: a finite number of seconds above 0, at least `least` and at most `most` (nan made a poll
+    loop spin)."""
+    what = (f"a number of seconds from {least:.10g} to {most:.10g}" if least
+            else f"a positive number of seconds up to {most:.10g}")
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        if not 0 < value <= most:  # false for nan too
-            raise argparse.ArgumentTypeError(f"must be a positive number of seconds up to {most:.10g}, got {text}")
+        if not (0 < value <= most and value >= least):  # false for nan too
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return value
     return parse
 

@@ -27,8 +27,10 @@ def add_parser(sub) -> None:
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
-    # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s
-    p.add_argument("--interval", type=seconds_up_to(50), default=5.0, help="seconds between /server_info polls (default 5)")
+    # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s;
+    # at least 0.1 s: each poll is a request the server answers, and Prometheus reads the result every 5 s
+    p.add_argument("--interval", type=seconds_up_to(50, least=0.1), default=5.0,
+                   help="seconds between /server_info polls, 0.1 to 50 (default 5)")
     p.add_argument("--plan", help="`dsaops plan --json` output: exports its kv_pool_tokens_per_rank and "
                                   "binding_limit for the alerts")
     p.add_argument("--state-file", help="where counts and the ranks seen persist across restarts of the exporter "

@@ -77,12 +77,15 @@ def test_a_server_url_urllib_cannot_read_is_refused_before_the_exporter_starts()
 
 
 def test_an_interval_that_is_not_a_finite_number_of_seconds_is_refused():
-    """nan made the /server_info loop poll without pause; inf or 1e12 overflowed its wait at every scrape."""
-    for option, value in (("--interval", "nan"), ("--interval", "inf"), ("--interval", "1e12"), ("--interval", "0"),
-                          ("--stop-window", "inf")):
+    """nan or 1e-9 made the /server_info loop poll without pause; inf or 1e12 overflowed its wait at every scrape."""
+    interval = "a number of seconds from 0.1 to 50"
+    for option, value, says in (("--interval", "nan", interval), ("--interval", "inf", interval),
+                                ("--interval", "1e12", interval), ("--interval", "0", interval),
+                                ("--interval", "1e-9", interval), ("--interval", "0.09", interval),
+                                ("--stop-window", "inf", "a positive number of seconds up to 600")):
         r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
                    option, value, timeout=10)
-        assert r.returncode == 2 and f"argument {option}: must be a positive number of seconds up to" in r.stderr, (value, r.stderr)
+        assert r.returncode == 2 and f"argument {option}: must be {says}, got {value}\n" in r.stderr, (value, r.stderr)
 
 
 def test_the_docker_proxy_replaces_a_stale_socket_but_never_a_file(tmp_path):
