@@ -18,6 +18,11 @@ from dsaops.errors import UserError
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
 
 
+# A needle's prompt is built in memory, ~4 characters a token (verify_probes.haystack): 64 MB at this
+# bound, past every model's context (a server refuses a longer prompt anyway)
+MAX_NIAH_DEPTH = 1 << 24
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="acceptance probes against a server; `verify boot-gate` for the fp8 refusal",
                        description="After a deploy, ask the server fixed questions at temperature 0 and run "
@@ -134,6 +139,8 @@ def _depths(text: str) -> list[int]:
                         f"got {text!r}") from None
     if any(d < 64 for d in depths):
         raise UserError("each --niah-depths value must be at least 64 tokens")
+    if any(d > MAX_NIAH_DEPTH for d in depths):
+        raise UserError(f"each --niah-depths value must be at most {MAX_NIAH_DEPTH} tokens, got {max(depths)}")
     return depths
 
 

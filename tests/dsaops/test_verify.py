@@ -216,6 +216,17 @@ def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
     assert "comma-separated" in capsys.readouterr().err
 
 
+def test_a_depth_past_the_bound_is_refused_before_any_probe(server, capsys):
+    """A depth is a prompt built in memory: 10**12 tokens asked for 4 TB before the server could refuse it."""
+    from dsaops.verify import MAX_NIAH_DEPTH
+
+    url, srv = server()
+    assert main(["verify", "--server-url", url, "--niah-depths", f"64,{10**12}"]) == 2
+    assert capsys.readouterr().err == (f"dsaops verify: each --niah-depths value must be at most {MAX_NIAH_DEPTH} "
+                                       f"tokens, got {10**12}\n")
+    assert srv.prompts == []
+
+
 def refused(capsys, *argv) -> str:
     """The one error line of an argument that argparse refuses (exit 2, no traceback)."""
     with pytest.raises(SystemExit) as exit_:
