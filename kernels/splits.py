@@ -84,4 +84,8 @@ def lead_queries(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     def best(queries: int) -> float:
         return split_time(queries, heads, steps, tile, sm_count, choose_split(queries, heads, steps, tile, sm_count))
 
+    # no cluster pairs beside another launch: a launch of pairs and one after it ran 4-26% slower
+    # than one launch on the H200, where the model had them ahead (docs/perf-log/2026-12-03.md)
+    if tile in tiles.PAIRED and choose_split(S - lead, heads, steps, tile, sm_count) == 2:
+        return 0
     return lead if best(lead) + best(S - lead) < best(S) * (1 - TOLERANCE) else 0
