@@ -74,18 +74,17 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
 def lead_queries(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     """Queries to run first, in a launch of their own: as many as fill whole waves of SMs with their
     head blocks, the rest following in a second launch, each launch with choose_split's count for
-    its queries. 0 (one launch) unless the two are modeled faster by more
-    than TOLERANCE, a margin that also pays for the second launch's start."""
+    its queries. 0 (one launch) unless the two are modeled faster by more than TOLERANCE, a margin
+    that also pays for the second launch's start, and neither runs cluster pairs."""
     per_wave = sm_count // -(-heads // tile.heads_per_block)
     lead = S // per_wave * per_wave if per_wave and not tile.pairs else 0
     if lead in (0, S):
         return 0
 
-    def best(queries: int) -> float:
-        return split_time(queries, heads, steps, tile, sm_count, choose_split(queries, heads, steps, tile, sm_count))
-
-    # no cluster pairs beside another launch: a launch of pairs and one after it ran 4-26% slower
-    # than one launch on the H200, where the model had them ahead (docs/perf-log/2026-12-03.md)
-    if tile in tiles.PAIRED and choose_split(S - lead, heads, steps, tile, sm_count) == 2:
+    counts = {queries: choose_split(queries, heads, steps, tile, sm_count) for queries in (lead, S - lead, S)}
+    # a launch of cluster pairs beside another, in either order, ran 4-26% slower than one launch on
+    # the H200 where the model had it ahead (docs/perf-log/2026-12-03.md)
+    if tile in tiles.PAIRED and 2 in (counts[lead], counts[S - lead]):
         return 0
-    return lead if best(lead) + best(S - lead) < best(S) * (1 - TOLERANCE) else 0
+    lead_time, rest_time, one_time = (split_time(q, heads, steps, tile, sm_count, counts[q]) for q in (lead, S - lead, S))
+    return lead if lead_time + rest_time < one_time * (1 - TOLERANCE) else 0
