@@ -184,11 +184,12 @@ def read_extra_vars(extra: str) -> tuple[str, dict | None]:
     return argument, variables
 
 
-def inline_secret(extra: str) -> str | None:
-    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there)."""
+def inline_secret(extra: str, variables: dict | None = None) -> str | None:
+    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there);
+    `variables`: what read_extra_vars found in it, when the caller has read it already."""
     if extra.startswith("@"):
         return None
-    variables = read_extra_vars(extra)[1]
+    variables = read_extra_vars(extra)[1] if variables is None else variables
     return next((name for name in SECRET_VARIABLES if name in variables), None)
 
 
@@ -212,11 +213,11 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
     passed: list[str] = []
     overrides: dict | None = {}
     for extra in extra_vars:
-        if secret := inline_secret(extra):
+        argument, variables = read_extra_vars(extra)
+        if secret := inline_secret(extra, variables):
             raise UserError(f"-e {secret}=...: a secret on the command line is shown by ps to every user; give it "
                             "from an Ansible vault in the inventory, from a file (-e @FILE, mode 0600), or, for the "
                             "Hugging Face token, as HF_TOKEN in dsaops deploy's environment")
-        argument, variables = read_extra_vars(extra)
         passed.append(argument)
         overrides = None if overrides is None or variables is None else overrides | variables
     if tags is not None:  # "" would run every phase
