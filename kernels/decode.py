@@ -5,7 +5,7 @@ eager call): kernels are compiled once per (target, tile, d_tail) into an in-pro
 tile, split and kernels are chosen once per call shape (`_plan`), and a call does a few shape
 checks, one to six `torch.empty`, and one to four launches (a call of two splits runs them as
 clusters that merge in the kernel: tiles.PAIRED; a batch past whole waves of blocks may run those
-first and the rest after them: splits.lead_queries).
+first and the rest after them: splits.launches).
 """
 from __future__ import annotations
 
@@ -212,20 +212,15 @@ class Phase(NamedTuple):
 def choose_plan(target, S: int, H: int, topk: int, d_tail: int, sm_count: int, row_scaled: bool = False,
                 tile=None) -> tuple[Phase, ...]:
     """The launches of a call shape on `target` with sm_count SMs: one, or whole waves of blocks and
-    then the rest (splits.lead_queries), both of one tile. The batch size picks between Hopper's tiles
+    then the rest (splits.launches), both of one tile. The batch size picks between Hopper's tiles
     (tiles.too_few_queries), the wave model the splits; two splits of a tile in tiles.PAIRED run its
     cluster, which merges them itself. tile: forced (benchmarks, tests).
     No GPU needed: _plan's choice, which the dispatch tests check."""
     few = tiles.too_few_queries(S, H, topk, sm_count)
     tile = tile or tiles.choose(target, H, d_tail=d_tail, row_scaled=row_scaled, few_queries=few)
     steps = -(-topk // tile.block_rows)
-    lead = splits.lead_queries(S, H, steps, tile, sm_count)
-
-    def phase(first: int, count: int) -> Phase:
-        n_split = 2 if tile.pairs else splits.choose_split(count, H, steps, tile, sm_count)
-        return Phase(first, count, tiles.PAIRED[tile] if n_split == 2 and tile in tiles.PAIRED else tile, n_split)
-
-    return (phase(0, lead), phase(lead, S - lead)) if lead else (phase(0, S),)
+    return tuple(Phase(first, count, tiles.PAIRED[tile] if n_split == 2 and tile in tiles.PAIRED else tile, n_split)
+                 for first, count, n_split in splits.launches(S, H, steps, tile, sm_count))
 
 
 @functools.cache

@@ -11,7 +11,7 @@ in tile times of the tile in use; the constants are estimates from the H200's me
 perf log has them), and only their ratios matter.
 
 One launch splits every query alike, so a batch a little past whole waves of blocks splits them
-all (H = 64, S = 160 on 132 SMs: two splits, 26 tile times). lead_queries may instead run the
+all (H = 64, S = 160 on 132 SMs: two splits, 26 tile times). launches may instead run the
 whole waves first, one split a query, and the rest after them in a second launch with its own
 split count (132 unsplit, then 28 in four splits: 23 tile times).
 """
@@ -71,20 +71,27 @@ def choose_split(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
     return min(n for n, t in times.items() if t <= best * (1 + TOLERANCE))
 
 
-def lead_queries(S: int, heads: int, steps: int, tile, sm_count: int) -> int:
-    """Queries to run first, in a launch of their own: as many as fill whole waves of SMs with their
-    head blocks, the rest following in a second launch, each launch with choose_split's count for
-    its queries. 0 (one launch) unless the two are modeled faster by more than TOLERANCE, a margin
-    that also pays for the second launch's start, and neither runs cluster pairs."""
+def launches(S: int, heads: int, steps: int, tile, sm_count: int) -> tuple[tuple[int, int, int], ...]:
+    """(first query, queries, splits) of each launch of a call: one launch of choose_split's count,
+    or as many queries as fill whole waves of SMs with their head blocks first and the rest after
+    them in a second launch, each with choose_split's count for its queries. Two launches only where
+    they are modeled faster by more than TOLERANCE, a margin that also pays for the second launch's
+    start, and neither runs cluster pairs. A forced cluster tile (tile.pairs) runs its two splits."""
+    if tile.pairs:
+        return ((0, S, 2),)
+    one = ((0, S, choose_split(S, heads, steps, tile, sm_count)),)
     per_wave = sm_count // -(-heads // tile.heads_per_block)
-    lead = S // per_wave * per_wave if per_wave and not tile.pairs else 0
+    lead = S // per_wave * per_wave if per_wave else 0
     if lead in (0, S):
-        return 0
-
-    counts = {queries: choose_split(queries, heads, steps, tile, sm_count) for queries in (lead, S - lead, S)}
+        return one
+    two = tuple((first, count, choose_split(count, heads, steps, tile, sm_count))
+                for first, count in ((0, lead), (lead, S - lead)))
     # a launch of cluster pairs beside another, in either order, ran 4-26% slower than one launch on
     # the H200 where the model had it ahead (docs/perf-log/2026-12-03.md)
-    if tile in tiles.PAIRED and 2 in (counts[lead], counts[S - lead]):
-        return 0
-    lead_time, rest_time, one_time = (split_time(q, heads, steps, tile, sm_count, counts[q]) for q in (lead, S - lead, S))
-    return lead if lead_time + rest_time < one_time * (1 - TOLERANCE) else 0
+    if tile in tiles.PAIRED and any(n == 2 for *_, n in two):
+        return one
+
+    def modeled(plan):
+        return sum(split_time(count, heads, steps, tile, sm_count, n) for _, count, n in plan)
+
+    return two if modeled(two) < modeled(one) * (1 - TOLERANCE) else one

@@ -200,7 +200,7 @@ def test_a_short_context_stops_after_its_last_valid_row(S, H, target):
 @pytest.mark.parametrize(("S", "H"), [(140, 64), (80, 128), (160, 16)])
 def test_whole_waves_then_the_rest_each_write_their_own_queries(S, H, target):
     """A batch past whole waves of blocks runs them in one launch and the rest in a second of more
-    splits (splits.lead_queries): each query's output and lse land in its own row, for a query with
+    splits (splits.launches): each query's output and lse land in its own row, for a query with
     every row masked and one with 300 valid rows on either side of the seam."""
     scale = D_V**-0.5
     q, kv, idx = make(S, H, 0, 2048, seed=S + H)
