@@ -184,12 +184,11 @@ def read_extra_vars(extra: str) -> tuple[str, dict | None]:
     return argument, variables
 
 
-def inline_secret(extra: str, variables: dict | None = None) -> str | None:
-    """The secret variable an -e argument sets on the command line, if any (`-e @FILE` sets none there);
-    `variables`: what read_extra_vars found in it, when the caller has read it already."""
+def inline_secret(extra: str, variables: dict | None) -> str | None:
+    """The secret variable an -e argument sets on the command line, if any, of `variables` (what
+    read_extra_vars found in it): `-e @FILE` sets none there."""
     if extra.startswith("@"):
         return None
-    variables = read_extra_vars(extra)[1] if variables is None else variables
     return next((name for name in SECRET_VARIABLES if name in variables), None)
 
 

@@ -415,13 +415,18 @@ def test_a_secret_on_the_command_line_is_refused(extra):
 def test_every_secret_kind_of_variable_is_refused_inline():
     """The variables inventory_checks keeps out of messages are the ones -e may not carry; a new one
     is covered without a second list (a variable of another kind passes)."""
-    from dsaops.deploy import inline_secret
+    from dsaops.deploy import inline_secret, read_extra_vars
     from dsaops.inventory_checks import SECRET_VARIABLES
+
+    def found(extra):
+        return inline_secret(extra, read_extra_vars(extra)[1])
 
     assert {"dsaops_api_key", "sglang_server_hf_token", "weights_hf_token"} <= set(SECRET_VARIABLES)
     for name in SECRET_VARIABLES:
-        assert inline_secret(f"a=1 {name}=x") == name and inline_secret(f'{{"{name}": "x"}}') == name
-    assert inline_secret("dsaops_tp_size=8") is None and inline_secret(f"@{SECRET_VARIABLES[0]}.yml") is None
+        assert found(f"a=1 {name}=x") == name and found(f'{{"{name}": "x"}}') == name
+    assert found("dsaops_tp_size=8") is None
+    # a file's variables are not on the command line, whatever they set
+    assert inline_secret(f"@{SECRET_VARIABLES[0]}.yml", {SECRET_VARIABLES[0]: "x"}) is None
 
 
 def test_an_unclosed_quote_in_extra_vars_is_one_line_that_hides_the_value():
