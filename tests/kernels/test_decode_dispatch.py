@@ -180,8 +180,8 @@ def test_a_batch_past_whole_waves_runs_them_first_then_the_rest(S, heads, want):
 @pytest.mark.parametrize("heads", [64, 128])
 def test_no_cluster_pairs_beside_another_launch(heads):
     """A launch of cluster pairs followed by another ran 4-26% slower than one launch on the H200,
-    where the wave model had it ahead: two-launch plans keep to unpaired tiles (S = 287 to 297 at
-    H = 128 and 573 up at H = 64 would otherwise end in pairs)."""
+    where the wave model had it ahead: two-launch plans keep to unpaired tiles (at H = 128, S = 287
+    to 297 and every 66 after, and at H = 64, S = 573 to 594, would otherwise end in pairs)."""
     plans = [decode.choose_plan(targets.get("sm_90"), S, heads, 2048, d_tail=0, sm_count=132) for S in range(1, 601)]
     assert sum(len(p) == 2 for p in plans) > 100  # the check below has two-launch plans to look at
     assert not [p for p in plans if len(p) == 2 and any(phase.tile.pairs for phase in p)]
