@@ -94,7 +94,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 def run_exporter(args) -> int:
     from dsaops.healthchecks.exporter import Config, Exporter
     from dsaops.healthchecks.http import serve
-    from dsaops.healthchecks.server_info import PlanFigures, read_plan
+    from dsaops.healthchecks.server_info import NO_PLAN, read_plan
 
     from dsaops import api_key
 
@@ -102,11 +102,11 @@ def run_exporter(args) -> int:
     check_server_url(args.server_url)
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
-    plan = read_plan(args.plan) if args.plan else PlanFigures(None, None)
+    plan = read_plan(args.plan) if args.plan else NO_PLAN
     key = api_key.read(args.api_key_file)
     exporter = Exporter(Config(server_url=args.server_url, api_key=key, node=args.node, log_file=args.log_file,
                                interval=args.interval, stop_window=args.stop_window,
-                               planned_tokens=plan.kv_pool_tokens_per_rank, planned_binding=plan.binding_limit,
+                               plan=plan,
                                containers=args.container, docker_url=args.docker_url, state_file=args.state_file,
                                kmsg=None if args.kmsg == "none" else args.kmsg, cgroup_root=args.cgroup_root))
     try:

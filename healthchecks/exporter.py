@@ -16,7 +16,7 @@ from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.oom import KernelOomRecords
 from dsaops.healthchecks.processes import ProcessWatcher, WorkerCollector
-from dsaops.healthchecks.server_info import ServerInfoCollector, ServerInfoPoller
+from dsaops.healthchecks.server_info import NO_PLAN, PlanFigures, ServerInfoCollector, ServerInfoPoller
 from dsaops.healthchecks.state import StateKeeper
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -30,8 +30,7 @@ class Config:
     interval: float = 5.0            # /server_info poll
     process_interval: float = 1.0    # scheduler process poll
     stop_window: float = 20.0        # how long ranks of one server may take to stop one after another
-    planned_tokens: int | None = None
-    planned_binding: str | None = None   # the plan's binding_limit (request, dp_split, kv, mamba)
+    plan: PlanFigures = NO_PLAN      # dsaops plan --json's pool size and binding limit
     containers: list[str] = field(default_factory=list)
     docker_url: str | None = None
     state_file: str | None = None
@@ -81,8 +80,7 @@ class Exporter:
     def collectors(self) -> list[tuple[str, object]]:
         """(error source, collector), the errors' own collector last so it counts this scrape's."""
         f = self.families
-        out = [("server_info", ServerInfoCollector(self.poller, self.log, f, self.cfg.planned_tokens,
-                                                      self.cfg.planned_binding)),
+        out = [("server_info", ServerInfoCollector(self.poller, self.log, f, self.cfg.plan)),
                ("processes", WorkerCollector(self.watcher, f)),
                ("hostmem", HostMemoryCollector(self.errors, f, self.cfg.proc))]
         if self.log is not None:

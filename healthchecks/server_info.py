@@ -201,6 +201,9 @@ class PlanFigures:
     binding_limit: str | None            # None: no --plan, or a plan without the key (exported as no series)
 
 
+NO_PLAN = PlanFigures(None, None)
+
+
 def read_plan(path: str) -> PlanFigures:
     """`kv_pool_tokens_per_rank` and `binding_limit` from `dsaops plan --json` output."""
     try:
@@ -228,24 +231,23 @@ class ServerInfoCollector:
     """Server up, KV capacity and dtype/layout, max_running_requests, the mamba cache, what
     binds concurrency (dsaops.concurrency.resolve), and the planned pool size and binding."""
 
-    def __init__(self, poller: ServerInfoPoller, log: LogState | None, families: Families,
-                 planned_tokens: int | None = None, planned_binding: str | None = None):
-        self.poller, self.log, self.f, self.planned = poller, log, families, planned_tokens
-        self.planned_binding = planned_binding
+    def __init__(self, poller: ServerInfoPoller, log: LogState | None, families: Families, plan: PlanFigures = NO_PLAN):
+        self.poller, self.log, self.f, self.plan = poller, log, families, plan
 
     def collect(self):
         f = self.f
         up = f.gauge("dsa_server_up", "1 when the server answered /server_info (worker node: its /health)")
         up.add(1 if self.poller.up else 0)
         out = [up.family]
-        if self.planned is not None:
+        if self.plan.kv_pool_tokens_per_rank is not None:
             out.append(f.gauge("dsa_kv_pool_planned_tokens", "KV pool tokens per rank the plan expects "
-                               "(dsaops plan --json: kv_pool_tokens_per_rank)").add(self.planned).family)
-        if self.planned_binding is not None:
+                               "(dsaops plan --json: kv_pool_tokens_per_rank)")
+                       .add(self.plan.kv_pool_tokens_per_rank).family)
+        if self.plan.binding_limit is not None:
             planned = f.gauge("dsa_concurrency_planned_binding", "1 on what the plan expects to bind the running "
                               "requests (dsaops plan --json: binding_limit; none: the request itself)", ("by",))
             for by in concurrency.BINDING_LIMITS:
-                planned.add(1 if by == self.planned_binding else 0, by_label(by))
+                planned.add(1 if by == self.plan.binding_limit else 0, by_label(by))
             out.append(planned.family)
         info = self.poller.info
         log_kv = self._log_snapshot()

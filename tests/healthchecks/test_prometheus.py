@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dsaops.healthchecks.exporter import Config
+from dsaops.healthchecks.server_info import PlanFigures
 
 from benchmarks.sglang_standin import log_lines as L
 from tests.healthchecks.prometheus_text import scrape
@@ -26,7 +27,7 @@ def stack(request, prometheus, fake_server, exporter_on, launcher, tmp_path):
     lch = launcher(TITLES)
     log.write_text("".join(L.line(L.kv_allocated(4922240, 32.48), (f"TP{i}",)) for i in range(4)))
     exp = exporter_on(Config(server_url=fake_server.url, node=node, log_file=str(log), interval=1.0,
-                             stop_window=3.0, planned_tokens=4900000, planned_binding="dp_split"),
+                             stop_window=3.0, plan=PlanFigures(4900000, "dp_split")),
                       prometheus.exporter_port)
     return {"node": node, "log": log, "launcher": lch, "exporter": exp, "server": fake_server, "prom": prometheus}
 

@@ -16,12 +16,12 @@ from dsaops.errors import UserError
 from tests.healthchecks.prometheus_text import exposition
 
 
-def metrics(fake_server, log: LogState | None = None, planned=None, api_key=None, planned_binding=None):
+def metrics(fake_server, log: LogState | None = None, plan=server_info.NO_PLAN, api_key=None):
     errors = ErrorCounts()
     poller = ServerInfoPoller(fake_server.url, errors, timeout=2, api_key=api_key)
     poller.poll()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServerInfoCollector(poller, log, Families("n1"), planned, planned_binding))
+    registry.register(ServerInfoCollector(poller, log, Families("n1"), plan))
     return exposition(generate_latest(registry).decode()), errors
 
 
@@ -83,12 +83,12 @@ def test_nothing_binds(fake_server):
 
 def test_planned_binding_in_the_cap_vocabulary(fake_server):
     """The plan's binding beside the server's, labelled alike, so the alert can join them on `by`."""
-    out, _ = metrics(fake_server, planned_binding="dp_split")
+    out, _ = metrics(fake_server, plan=PlanFigures(None, "dp_split"))
     assert capped(out) == {"dp_split"}
     assert {k: v for k, v in out.items() if k.startswith("dsa_concurrency_planned_binding")} == {
         f'dsa_concurrency_planned_binding{{by="{by}",node="n1"}}': float(by == "dp_split")
         for by in ("none", "dp_split", "kv", "mamba")}
-    out, _ = metrics(fake_server, planned_binding="request")
+    out, _ = metrics(fake_server, plan=PlanFigures(None, "request"))
     assert out['dsa_concurrency_planned_binding{by="none",node="n1"}'] == 1
     out, _ = metrics(fake_server)  # no --plan, or a plan without binding_limit: no series
     assert not any(k.startswith("dsa_concurrency_planned_binding") for k in out)
