@@ -18,6 +18,12 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "dashboards" / "dsaops.json"
 N = 'node=~"$node"'
+# Each DP rank's binding, with the plan's (`planned`) copied on by node; ranks of a node without a plan
+# keep their row, without the column.
+_CAPPED = f"(dsa_concurrency_capped{{{N}}} == 1)"
+BINDS_WITH_PLAN = (f"{_CAPPED} * on (node) group_left (planned) max by (node, planned) (label_replace("
+                   f'dsa_concurrency_planned_binding{{{N}}} == 1, "planned", "$1", "by", "(.*)")) '
+                   f"or on (node, dp_rank) {_CAPPED}")
 RED, GREEN, ORANGE = "red", "green", "orange"
 
 
@@ -131,18 +137,22 @@ def build() -> dict:
     # -- concurrency ---------------------------------------------------------------------------
     dash = dash.with_row(dashboard.Row("Concurrency"))
     binds = (table.Panel().title("What binds concurrency").datasource(ref).span(8).height(7)
-             .description("none: the request itself; dp_split: divided by the attention-DP size; kv: the KV pool; "
-                          "mamba: the mamba state cache")
-             .with_target(query(f"dsa_concurrency_capped{{{N}}} == 1", instant=True))
+             .description("by: what binds each DP rank's running requests; planned: what the plan expected "
+                          "(empty without --plan). none: the request itself; dp_split: divided by the attention-DP "
+                          "size; kv: the KV pool; mamba: the mamba state cache")
+             .with_target(query(BINDS_WITH_PLAN, instant=True))
              .with_transformation(m.DataTransformerConfig(id_val="organize", options={
-                 "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "instance": True}})))
-    binds = binds.override_by_name("by", [
-        m.DynamicConfigValue(id_val="mappings", value=[m.ValueMap(options={
-            "none": m.ValueMappingResult(text="the request", color=GREEN, index=0),
-            "dp_split": m.ValueMappingResult(text="attention-DP split", color=ORANGE, index=1),
-            "kv": m.ValueMappingResult(text="KV pool", color=ORANGE, index=2),
-            "mamba": m.ValueMappingResult(text="mamba state cache", color=ORANGE, index=3)}).to_json()]),
-        m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})])
+                 "excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True, "instance": True},
+                 "indexByName": {"node": 0, "dp_rank": 1, "by": 2, "planned": 3}})))
+    bind_words = [m.ValueMap(options={
+        "none": m.ValueMappingResult(text="the request", color=GREEN, index=0),
+        "dp_split": m.ValueMappingResult(text="attention-DP split", color=ORANGE, index=1),
+        "kv": m.ValueMappingResult(text="KV pool", color=ORANGE, index=2),
+        "mamba": m.ValueMappingResult(text="mamba state cache", color=ORANGE, index=3)}).to_json()]
+    for column in ("by", "planned"):
+        binds = binds.override_by_name(column, [
+            m.DynamicConfigValue(id_val="mappings", value=bind_words),
+            m.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})])
     dash = dash.with_panel(binds)
     dash = dash.with_panel(timeseries_panel(
         "max_running_requests per DP rank", query(f"dsa_max_running_requests{{{N}}}", "{{node}} dp{{dp_rank}} {{scope}}"),

@@ -95,6 +95,12 @@ class Prometheus:
 
 
 @pytest.fixture(scope="session")
+def promtool():
+    need(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
+    return shutil.which("promtool")
+
+
+@pytest.fixture(scope="session")
 def prometheus(tmp_path_factory):
     need(shutil.which("prometheus") is not None, "Prometheus server (apt-get install prometheus)")
     prom = Prometheus(tmp_path_factory.mktemp("prometheus"), free_port())

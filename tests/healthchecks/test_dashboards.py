@@ -1,11 +1,12 @@
 """The dashboards: generated from code (the committed JSON is what the generator writes), the
 datasource is a variable (no hard-coded uid), every panel selects `$node`, status panels map a
-0 to red words, ratios keep their own axis, joined tables merge their queries, every panel's
+0 to red words, ratios keep their own axis, joined tables merge their queries, the binding table carries the plan's, every panel's
 PromQL parses and runs against the test Prometheus, and every metric it names exists."""
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def exprs(dash):
 def promql(expr: str) -> str:
     for var, value in SUBSTITUTE.items():
         expr = expr.replace(var, value)
-    assert "$" not in expr, f"unknown variable in {expr}"
+    assert not re.search(r"\$(?!\d)", expr), f"unknown variable in {expr}"  # $1: label_replace's group
     return expr
 
 
@@ -188,3 +189,60 @@ def test_ratios_have_their_own_axis_and_per_rank_figures_no_sums():
             assert (panel["fieldConfig"]["defaults"]["min"], panel["fieldConfig"]["defaults"]["max"]) == (0, 1)
     per_rank = next(p for p in panels(main_dashboard()) if p["title"] == "KV pool tokens per rank vs plan")
     assert not any("sum" in t["expr"] for t in per_rank["targets"])
+
+
+# node n1 planned and capped by the attention-DP split on both its ranks; n2 has no plan; n3 planned the KV
+# pool, and the split binds
+BIND_SERIES = {
+    'dsa_concurrency_capped{node="n1",dp_rank="0",by="dp_split"}': 1,
+    'dsa_concurrency_capped{node="n1",dp_rank="0",by="kv"}': 0,
+    'dsa_concurrency_capped{node="n1",dp_rank="1",by="dp_split"}': 1,
+    'dsa_concurrency_planned_binding{node="n1",by="dp_split"}': 1,
+    'dsa_concurrency_planned_binding{node="n1",by="kv"}': 0,
+    'dsa_concurrency_capped{node="n2",dp_rank="0",by="kv"}': 1,
+    'dsa_concurrency_capped{node="n3",dp_rank="0",by="dp_split"}': 1,
+    'dsa_concurrency_planned_binding{node="n3",by="kv"}': 1,
+    'dsa_concurrency_planned_binding{node="n3",by="dp_split"}': 0,
+}
+BIND_ROWS = [("n1", "0", "dp_split", "dp_split"), ("n1", "1", "dp_split", "dp_split"), ("n2", "0", "kv", None),
+             ("n3", "0", "dp_split", "kv")]
+
+
+def bind_rows(promtool, tmp_path, expr: str) -> subprocess.CompletedProcess:
+    """promtool's evaluator on BIND_SERIES: does `expr` give one row a rank, BIND_ROWS?"""
+    samples = []
+    for node, dp, by, planned in BIND_ROWS:
+        labels = {"node": node, "dp_rank": dp, "by": by}
+        if planned is None:  # the `or` branch: the comparison keeps the metric name
+            labels["__name__"] = "dsa_concurrency_capped"
+        else:
+            labels["planned"] = planned
+        samples.append({"labels": "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", "value": 1})
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": s, "values": f"{v}x5"} for s, v in BIND_SERIES.items()],
+        "promql_expr_test": [{"expr": promql(expr), "eval_time": "2m", "exp_samples": samples}]}]}
+    path = tmp_path / "binds_test.yml"
+    path.write_text(yaml.safe_dump(test))
+    return subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def binds_expr() -> str:
+    panel = next(p for p in panels(main_dashboard()) if p["title"] == "What binds concurrency")
+    assert overrides_of(panel, "planned") == overrides_of(panel, "by")
+    return panel["targets"][0]["expr"]
+
+
+def test_the_binding_table_shows_the_plans_binding_and_keeps_planless_ranks(promtool, tmp_path):
+    r = bind_rows(promtool, tmp_path, binds_expr())
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("cut", [" or on (node, dp_rank) ", " * on (node) group_left (planned) "],
+                         ids=["planless-ranks-dropped", "plan-not-joined"])
+def test_negative_control_a_binding_table_cut_short_fails(promtool, tmp_path, cut):
+    """The join alone drops n2's rank; the caps alone (the table before the plan's column) lack `planned`."""
+    expr = binds_expr()
+    assert cut in expr
+    r = bind_rows(promtool, tmp_path, expr.partition(cut)[0])
+    assert r.returncode != 0, r.stdout

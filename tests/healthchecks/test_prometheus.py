@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dsaops.healthchecks.dashboard import BINDS_WITH_PLAN
 from dsaops.healthchecks.exporter import Config
 from dsaops.healthchecks.server_info import PlanFigures
 
@@ -64,6 +65,10 @@ def test_values_deaths_and_clean_stop_through_prometheus(stack):
     assert prom.value(sel(stack, "dsa_concurrency_planned_binding", by="dp_split")) == 1
     alert = alert_expr("DsaConcurrencyCapped")
     assert on_node(stack, alert.partition(" unless ")[0]) and not on_node(stack, alert)
+    # the dashboard's binding table: each DP rank's row carries the plan's binding
+    rows = on_node(stack, BINDS_WITH_PLAN.replace("$node", stack["node"]))
+    assert len(rows) == len(on_node(stack, "dsa_concurrency_capped == 1")) == 8
+    assert {(r["metric"]["by"], r["metric"].get("planned")) for r in rows} == {("dp_split", "dp_split")}
     assert prom.value(sel(stack, "dsa_max_running_requests", scope="requested", dp_rank="7")) == 1
     assert prom.value(f'count({sel(stack, "dsa_kv_cache_info", dtype="float8_e4m3fn", layout="raw_fp8")})') == 1
 

@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.prerequisites import need
-
 RULES = Path(__file__).resolve().parents[2] / "healthchecks" / "rules"
 README = RULES.parent / "README.md"
-
-
-@pytest.fixture(scope="module")
-def promtool():
-    need(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
-    return shutil.which("promtool")
 
 
 def run(*args, cwd=None):
