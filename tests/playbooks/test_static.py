@@ -323,14 +323,18 @@ def test_the_quick_start_without_a_gpu_says_so_first(tmp_path):
 
 
 def test_one_target_and_image_on_every_node(tmp_path):
+    """Every cluster-wide setting that differs is named, in the one line of the one failing task."""
     inventory = (PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
-        "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n              dsaops_image: mine:1")
+        "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n              dsaops_image: mine:1"
+        "\n              dsaops_server_port: 31000")
     path = tmp_path / "mixed.yml"
     path.write_text(inventory)
     result = print_commands(str(path))
     assert result.returncode != 0
-    assert f"image differs between nodes ({{'spark-1': '{image_name('sm_121')}', 'spark-2': 'mine:1'}})" in \
-        " ".join(result.stderr.split())
+    failed = [line for line in result.stderr.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and "Cluster-wide settings agree on every node" in failed[0]
+    assert (f"image differs between nodes ({{'spark-1': '{image_name('sm_121')}', 'spark-2': 'mine:1'}}); "
+            "server_port differs between nodes ({'spark-1': '30000', 'spark-2': '31000'}); Set each once") in failed[0]
 
 
 def test_two_nodes_on_one_cluster_address_are_refused(tmp_path):
