@@ -56,10 +56,9 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
+def rendered(tmp_path_factory, promtool):
     """The monitoring role's stack tasks run by ansible-playbook on this machine (local connection,
     nothing started): prometheus.yml, alertmanager.yml and the installed rules under a prefix."""
-    need(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
     tmp = tmp_path_factory.mktemp("monitoring")
     hook = Webhook()
     ports = {"exporter": free_port(), "alertmanager": free_port(), "server": free_port()}
@@ -89,7 +88,7 @@ def rendered(tmp_path_factory):
     root = tmp / "root"
     yield {"prometheus": root / "etc/dsaops/prometheus/prometheus.yml",
            "alertmanager": root / "etc/dsaops/alertmanager/alertmanager.yml", "ports": ports, "hook": hook,
-           "tmp": tmp}
+           "tmp": tmp, "promtool": promtool}
     hook.close()
 
 
@@ -110,7 +109,7 @@ def promtool_test(rendered, tmp_path, job: str, expect_fire: bool):
                            if expect_fire else []}]}]}
     path = tmp_path / "job_test.yml"
     path.write_text(yaml.safe_dump(test))
-    return subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60,
+    return subprocess.run([rendered["promtool"], "test", "rules", str(path)], capture_output=True, text=True, timeout=60,
                           check=False)
 
 

@@ -1,7 +1,8 @@
 """The dashboards: generated from code (the committed JSON is what the generator writes), the
 datasource is a variable (no hard-coded uid), every panel selects `$node`, status panels map a
-0 to red words, ratios keep their own axis, joined tables merge their queries, the binding table carries the plan's, every panel's
-PromQL parses and runs against the test Prometheus, and every metric it names exists."""
+0 to red words, ratios keep their own axis, joined tables merge their queries, the binding table
+carries the plan's binding, every panel's PromQL parses and runs against the test Prometheus, and
+every metric it names exists."""
 from __future__ import annotations
 
 import json
