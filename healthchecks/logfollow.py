@@ -272,7 +272,7 @@ class LogFollower(BackgroundLoop):
                     if len(line) > MAX_LINE:
                         self._dropped()
                     else:
-                        self.state.feed(line)
+                        self._apply(line)
                 return
         for raw in block.split(b"\n"):
             self._line(raw)
@@ -289,7 +289,13 @@ class LogFollower(BackgroundLoop):
         except UnicodeDecodeError:
             self.errors.inc("log")
             return
-        self.state.feed(text.rstrip("\r"))
+        self._apply(text.rstrip("\r"))
+
+    def _apply(self, line: str) -> None:
+        try:
+            self.state.feed(line)
+        except (ValueError, OverflowError):  # a bad date or number in a line shaped like SGLang's: that line only
+            self.errors.inc("log")
 
 
 class LogCollector:

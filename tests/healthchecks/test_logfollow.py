@@ -89,6 +89,19 @@ def test_garbage_is_counted_and_the_follower_recovers(tmp_path, follower):
     assert state.kv["TP0"][1] == 4
 
 
+def test_a_line_with_an_impossible_date_or_number_costs_that_line_only(tmp_path, follower):
+    """Lines shaped like SGLang's whose date or size does not parse raised out of the chunk:
+    the crash line after them was never read."""
+    log = tmp_path / "sglang.log"
+    log.write_text("[2026-13-45 99:99:99 TP0] SIGTERM received. signum=15 frame=None.\n"
+                   + L.line("KV Cache is allocated. dtype: torch.bfloat16, #tokens: 5, KV size: 1.2.3 GB", ("TP0",))
+                   + L.line(L.crashed("scheduler_0", 4242, -9)))
+    _, state, errors = follower(log)
+    assert wait_for(lambda: 4242 in state.exits, 5)
+    assert state.exits[4242][0] == -9 and state.events["sigterm"] == 0
+    assert errors.counts()["log"] == 2
+
+
 def test_an_endless_line_is_counted_once_and_memory_stays_bounded(tmp_path):
     log = tmp_path / "sglang.log"
     log.write_bytes(b"y" * (8 * CHUNK) + b"\n" + kv_line(8).encode())
