@@ -2,13 +2,17 @@
 
 urllib's timeout bounds each socket operation, not the whole answer: a server that drips a
 byte a second, or pushes 200 MB, held the poller for good or grew its memory without end.
-Here the whole exchange (connect, headers, body) must end by the deadline and the body may
-not pass `max_bytes`; every failure is a `FetchError` (refused, timed out, too big, cut
-short, not HTTP), so a caller catches one thing. Extra headers (an API key) go in `headers`.
+Here the whole exchange (connect, status line, headers, body) must end by the deadline: every
+read waits only what is left of it (`reader`). The body may not pass `max_bytes`; every failure
+is a `FetchError` (refused, timed out, too big, cut short, not HTTP), so a caller catches one
+thing. Extra headers (an API key) go in `headers`.
 """
 from __future__ import annotations
 
+import functools
 import http.client
+import io
+import socket
 import time
 import urllib.parse
 
@@ -25,15 +29,17 @@ def get(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] 
     end = time.monotonic() + deadline_s
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=deadline_s)
+    conn.response_class = functools.partial(_Response, end=end)
     try:
-        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers or {})
+        conn.connect()
         _left(end, conn)
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers or {})
         resp = conn.getresponse()
         length = resp.getheader("Content-Length")
         if length is not None and length.isdigit() and int(length) > max_bytes:
             raise FetchError(f"{url}: answer of {length} bytes is over the {max_bytes}-byte cap")
         body = bytearray()
-        while chunk := resp.read1(READ) if _left(end, conn) else b"":  # read1: one recv, so the deadline holds
+        while chunk := resp.read1(READ):  # read1: one read at a time, so the cap holds as it comes
             body += chunk
             if len(body) > max_bytes:
                 raise FetchError(f"{url}: answer over the {max_bytes}-byte cap")
@@ -46,11 +52,48 @@ def get(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] 
         conn.close()
 
 
-def _left(end: float, conn) -> bool:
-    """Give the socket what is left of the deadline; FetchError when nothing is."""
+def reader(sock: socket.socket, end: float) -> io.BufferedReader:
+    """A buffered reader of `sock` whose reads all end by `end` (time.monotonic()): a peer that
+    drips one byte at a time cannot hold it longer."""
+    return io.BufferedReader(_DeadlineIO(sock, end))
+
+
+class _DeadlineIO(io.RawIOBase):
+    def __init__(self, sock: socket.socket, end: float):
+        # through makefile, as http.client reads: the socket stays open until this is closed too
+        self._sock, self._raw, self._end = sock, sock.makefile("rb", buffering=0), end
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("not done within the deadline")
+        before = self._sock.gettimeout()
+        self._sock.settimeout(left if before is None else min(left, before))
+        try:
+            return self._raw.readinto(buffer)
+        finally:
+            self._sock.settimeout(before)  # what the socket's writes wait is left as it was
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _Response(http.client.HTTPResponse):
+    """Reads its status line, headers and body through `reader`."""
+
+    def __init__(self, sock, *args, end: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()
+        self.fp = reader(sock, end)
+
+
+def _left(end: float, conn) -> None:
+    """Give the socket what is left of the deadline (for sending the request)."""
     left = end - time.monotonic()
     if left <= 0:
         raise FetchError("no answer within the deadline")
-    if conn.sock is not None:
-        conn.sock.settimeout(left)
-    return True
+    conn.sock.settimeout(left)

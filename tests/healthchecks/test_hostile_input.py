@@ -72,6 +72,13 @@ def drip(conn):
         time.sleep(1)
 
 
+def drip_head(conn):
+    """The status line and headers a byte every 0.1 s: each read waits far less than the deadline."""
+    for byte in HEADERS + b"X-Pad: " + b"a" * 200:
+        conn.sendall(bytes([byte]))
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def hostile():
     server = HostileServer()
@@ -119,11 +126,12 @@ def test_a_bad_answer_is_counted_and_the_poller_lives_on(case, hostile, exporter
     assert wait_for(lambda: metrics(exporter)[1]['dsa_server_up{node="h"}'] == 1, 10), case
 
 
-def test_each_poll_ends_by_its_deadline(hostile):
+@pytest.mark.parametrize("answer", [drip, drip_head], ids=["body", "status line and headers"])
+def test_each_poll_ends_by_its_deadline(hostile, answer):
     from dsaops.healthchecks.metrics import ErrorCounts
     from dsaops.healthchecks.server_info import ServerInfoPoller
 
-    hostile.answer = drip
+    hostile.answer = answer
     poller = ServerInfoPoller(hostile.url, ErrorCounts(), timeout=1.0)
     start = time.monotonic()
     poller.poll()
