@@ -2,10 +2,11 @@
 
 Bounded: a connection gets a worker thread only once its request has started to arrive (idle
 connections wait in one selector, costing no thread), at most `workers` requests are handled at
-once, a connection that sends nothing for `idle_timeout` seconds is closed, a request must arrive
-within `read_timeout` seconds per read, and past `max_connections` open connections the oldest idle
-one is dropped for the newcomer. A flood of idle or slow sockets thus holds a bounded number of
-threads, and a scrape still gets a worker.
+once, a connection that sends nothing for `idle_timeout` seconds is closed, a request must be read
+whole within `read_timeout` seconds of a worker taking it (however slowly its bytes come), and
+past `max_connections` open connections the oldest idle one is dropped for the newcomer. A flood
+of idle or slow sockets thus holds a bounded number of threads, each for a bounded time, and a
+scrape still gets a worker.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+from dsaops.healthchecks import fetch
 from prometheus_client import CONTENT_TYPE_LATEST
 
 INDEX = b"""<html><head><title>dsaops exporter</title></head>
@@ -26,7 +28,13 @@ IDLE_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 5.0
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _Handler(WSGIRequestHandler):
+    def setup(self):
+        super().setup()
+        self.rfile.close()
+        # one deadline for the whole request: a client dripping it a byte at a time must not hold a worker
+        self.rfile = fetch.reader(self.connection, time.monotonic() + self.server.read_timeout)
+
     def log_message(self, *args):  # one line per scrape is noise in the server's log
         pass
 
@@ -52,7 +60,7 @@ class BoundedServer(WSGIServer):
         self._closed = threading.Event()
         self._waiter = threading.Thread(target=self._wait_for_requests, name="exporter-http-idle", daemon=True)
         self._waiter.start()
-        super().__init__(address, _QuietHandler)        # closes the server (server_close) when it cannot bind
+        super().__init__(address, _Handler)        # closes the server (server_close) when it cannot bind
 
     def process_request(self, request, client_address):
         """On the accepting thread: park the connection until its request arrives."""

@@ -94,6 +94,39 @@ def test_stalled_requests_time_out_and_the_oldest_idle_connection_makes_room():
         server.server_close()
 
 
+def test_requests_dripped_a_byte_at_a_time_hold_no_worker_past_the_read_timeout():
+    """Each byte comes well within the read timeout: only a deadline for the whole request frees the workers."""
+    server = serve(_Exporter(), "127.0.0.1", 0, workers=2, read_timeout=1.0)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop = threading.Event()
+
+    def drip(s):
+        try:
+            for byte in b"GET /metrics?" + b"x" * 1000:
+                s.sendall(bytes([byte]))
+                if stop.wait(0.1):
+                    return
+        except OSError:   # closed by the server
+            pass
+
+    dripping = connect_many(port, 4)
+    threads = [threading.Thread(target=drip, args=(s,), daemon=True) for s in dripping]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)                            # both workers hold a dripping request
+        start = time.monotonic()
+        assert scrape(port, timeout=10) == b"dsa_test_up 1\n"
+        assert time.monotonic() - start < 4        # two rounds of 1 s deadlines at most, not the drip's 100 s
+    finally:
+        stop.set()
+        for s in dripping:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_unbounded_server_held_a_thread_per_idle_socket():
     """Control: the exporter's former server (ThreadingMixIn) with the same flood."""
     class Threading(socketserver.ThreadingMixIn, WSGIServer):
