@@ -18,7 +18,7 @@ _LINE = re.compile(r"DSA decode kernel: (dsaops|sglang) for (?:every batch size|
 
 def parse(message: str) -> tuple[str, str, int] | None:
     """(kernel, reason, smallest batch on that kernel) of a decision line's message, else None."""
-    m = _LINE.search(message)
+    m = _LINE.match(message)
     return (m[1], m[3], int(m[2] or 1)) if m else None
 
 

@@ -3,7 +3,9 @@
 Every pattern below is built from a format string in the pinned wheel (the contract test
 finds each `FORMAT_STRINGS` entry there): a bump that rewords one fails that test loudly.
 The prefix is `configure_logger`'s `[%Y-%m-%d %H:%M:%S(.mmm) DP<d> TP<t> EP<e>] `; the rank
-parts appear only as configured, and the launcher's own lines carry none.
+parts appear only as configured, and the launcher's own lines carry none. Each message pattern
+must start the message, right after the prefix, as SGLang logs it: a logged prompt or request
+that quotes one later in its line teaches nothing.
 """
 from __future__ import annotations
 
@@ -160,20 +162,20 @@ class LogState:
                     self.kv[rank] = pool
             elif m := _MAMBA_ALLOC.match(msg):
                 self.mamba_slots[rank] = int(m[1])
-        elif m := _MAMBA_CAP.search(msg):
+        elif m := _MAMBA_CAP.match(msg):
             self.mamba_cap[rank] = (int(m[1]), int(m[2]), int(m[3]))
-        elif m := _REDUCED.search(msg):
+        elif m := _REDUCED.match(msg):
             self.reduced[rank] = (int(m[1]), int(m[2]))
-        elif m := _CRASHED.search(msg):
+        elif m := _CRASHED.match(msg):
             self._exit(int(m[2]), int(m[3]), when, crashed=True)
-        elif m := _TERMINATED.search(msg):
+        elif m := _TERMINATED.match(msg):
             self._exit(int(m[1]), int(m[2]), when, crashed=False)
-        elif _SIGTERM.search(msg):
+        elif _SIGTERM.match(msg):
             self.events["sigterm"] += 1
             self.shutdowns = self.shutdowns[-7:] + [when]
-        elif _SIGQUIT.search(msg):
+        elif _SIGQUIT.match(msg):
             self.events["sigquit"] += 1
-        elif _HEALTH_FAILED.search(msg):
+        elif _HEALTH_FAILED.match(msg):
             self.events["health_check_failed"] += 1
         elif decision := decode_kernel.parse(msg):
             self.decode_kernel[rank] = decision

@@ -49,6 +49,7 @@ def test_negative_control_a_reworded_line_is_not_parsed():
     line = route.decide(targets.get("sm_90"), 64, env={}).line
     assert decode_kernel.parse(line.replace("for every batch size", "for all batches")) is None
     assert decode_kernel.parse("DSA raw fp8 decode kernel: SGLang tilelang_sparse_fwd (heads=16)") is None
+    assert decode_kernel.parse(f"Receive: obj=GenerateReqInput(text='{line}')") is None  # a logged prompt quoting it
 
 
 def test_one_series_per_rank_from_the_log(tmp_path):

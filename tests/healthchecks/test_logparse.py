@@ -73,6 +73,21 @@ def test_clean_stop_and_alarm_lines():
     assert worker.clean_stop_since(now - 1)
 
 
+def test_a_logged_prompt_quoting_the_alarm_lines_teaches_nothing():
+    """--log-requests writes each prompt in a line of its own: its text must not fake a stop, a
+    crash, an alarm or a pool; the lines themselves, right after the prefix, still count."""
+    now = time.time()
+    prompts = [L.line(f"Receive: obj=GenerateReqInput(rid='r1', text='why does my log say {quoted}?')", at=now)
+               for quoted in (L.sigterm(), L.sigterm_worker(1), L.sigquit(), L.health_failed(),
+                              L.crashed("scheduler_0", 4242, -9), L.terminated(4343, 0), L.mamba_capped(8, 40, 5),
+                              L.reduced(64, 32))]
+    s = feed(*prompts)
+    assert not s.clean_stop_since(now - 1) and s.exit_of(4242, since=0) is None and s.exit_of(4343, since=0) is None
+    assert s.events == {"sigterm": 0, "sigquit": 0, "health_check_failed": 0} and not s.mamba_cap and not s.reduced
+    s = feed(*prompts, L.line(L.sigterm(), at=now), L.line(L.crashed("scheduler_0", 4242, -9), at=now))
+    assert s.clean_stop_since(now - 1) and s.exit_of(4242, since=now - 5) == (-9, True)
+
+
 def test_foreign_and_broken_lines_teach_nothing():
     s = feed("Traceback (most recent call last):", "[2026-11-29 10:00:00 TP0] KV Cache is allocated. dtype: torch.bf",
              "INFO:     127.0.0.1:5555 - \"GET /health HTTP/1.1\" 200 OK", "[not a date TP0] SIGQUIT received.")
