@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 
 from dsaops.cli_args import http_url, seconds_up_to
@@ -115,6 +116,7 @@ def run_exporter(args) -> int:
         raise UserError(f"--listen {args.listen}: {e.strerror}; choose another address or port") from e
     exporter.start()
     print(f"dsaops exporter: serving http://{host}:{port}/metrics (node={args.node})", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` ends it as Ctrl-C does: state saved
     try:
         server.serve_forever()
     finally:

@@ -14,8 +14,11 @@ from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.processes import ProcessWatcher, boot_id
 from dsaops.healthchecks.state import StateKeeper
 
+from benchmarks.sglang_standin import log_lines as L
+from tests.healthchecks.prometheus_text import scrape
 from tests.healthchecks.watched_ranks import deaths, ranks_up
 from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(4)]
 
@@ -219,3 +222,24 @@ print(errors.counts()["state"])
     assert done.stdout.strip() == "1", done.stdout + done.stderr
     assert len(json.loads(path.read_text())["p"]) == 10
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_sigterm_ends_the_exporter_with_its_state_saved(tmp_path, fake_server):
+    """`docker stop` sends SIGTERM: the exporter stops as on Ctrl-C and writes what it learnt last."""
+    log, state, port = tmp_path / "sglang.log", tmp_path / "state.json", free_port()
+    log.write_text("")
+    proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", fake_server.url,
+                             "--listen", f"127.0.0.1:{port}", "--log-file", str(log), "--state-file", str(state),
+                             "--node", "n", "--kmsg", "none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "serving" in proc.stdout.readline()
+        with open(log, "a") as out:
+            out.write(L.line(L.kv_allocated(4242, 1.0), ("TP0",)))
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        assert wait_for(lambda: scrape(metrics).get('dsa_kv_pool_tokens{node="n",rank="TP0"}'), 10, 0.02)
+        proc.send_signal(signal.SIGTERM)  # at once: the state loop writes every 2 s
+        assert proc.wait(timeout=10) == 130, proc.stdout.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert json.loads(state.read_text())["log"]["kv"]["TP0"][1] == 4242
