@@ -11,7 +11,8 @@ Written every `interval` seconds when it changed, and at once after a death: to 
 file in the same folder, flushed to disk, then renamed over the old one, so a crash leaves
 the old file or the new one, never half of one. A file that cannot be read back (foreign,
 cut, another version) is counted as a `state` error, kept aside as `<file>.bad`, and the
-exporter starts afresh; a write that fails is counted and tried again at the next turn.
+exporter starts afresh; a section it lacks (the log's, from a run without --log-file) is a
+part that starts empty. A write that fails is counted and tried again at the next turn.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ class StateKeeper(BackgroundLoop):
             if not isinstance(saved, dict) or saved.get("version") != VERSION:
                 raise ValueError(f"not a version-{VERSION} dsaops exporter state")
             for name, part in self.parts.items():
-                part.check(saved[name])
+                if name in saved:  # no section: written without that part (no --log-file then), which starts empty
+                    part.check(saved[name])
         except Exception as e:  # noqa: BLE001 (foreign or cut file: start afresh, keep it for a look)
             self.errors.report("state", f"{self.path} is unusable; kept as {self.path}.bad, starting afresh", e)
             try:
@@ -61,7 +63,8 @@ class StateKeeper(BackgroundLoop):
                 pass
             return False
         for name, part in self.parts.items():
-            part.restore(saved[name])
+            if name in saved:
+                part.restore(saved[name])
         self._written = None
         return True
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from dsaops.healthchecks.exporter import Config, Exporter
+from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
 from dsaops.healthchecks.processes import ProcessWatcher, boot_id
 from dsaops.healthchecks.state import StateKeeper
@@ -184,6 +185,16 @@ def test_after_a_reboot_the_ranks_it_saw_are_not_up(tmp_path, same_boot):
     watcher.poll()
     expected = {"TP0": 0, "TP1": 0, "TP2": 0} if same_boot else {"TP2": 0}
     assert watcher.snapshot() == (expected, {("TP2", "sigkill"): 1})
+
+
+def test_a_file_without_the_log_section_is_taken_back_with_the_log_empty(tmp_path):
+    """Written by an exporter run without --log-file, read by one with it: the deaths stay."""
+    errors, watcher, log = ErrorCounts(), ProcessWatcher(ErrorCounts()), LogState()
+    path = tmp_path / "state.json"
+    _state_file(path, boot_id())
+    assert StateKeeper(str(path), errors, {"processes": watcher, "log": log}).restore()
+    assert errors.counts()["state"] == 0 and path.exists() and not (tmp_path / "state.json.bad").exists()
+    assert watcher.snapshot()[1] == {("TP2", "sigkill"): 1} and log.position is None and not log.kv
 
 
 @pytest.mark.parametrize("field, value", [("rank", ["TP0"]), ("started", None), ("pid", "4000001"), ("ticks", 123)])
