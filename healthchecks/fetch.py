@@ -95,5 +95,5 @@ def _left(end: float, conn) -> None:
     """Give the socket what is left of the deadline (for sending the request)."""
     left = end - time.monotonic()
     if left <= 0:
-        raise FetchError("no answer within the deadline")
+        raise TimeoutError("no answer within the deadline")
     conn.sock.settimeout(left)

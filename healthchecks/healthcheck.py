@@ -8,10 +8,12 @@ and, with --expect-ranks, also counts the scheduler processes on this node. Run 
 from __future__ import annotations
 
 import sys
-import urllib.error
-import urllib.request
+
+from dsaops.healthchecks import fetch
 
 from dsaops.errors import UserError
+
+MAX_BODY = 64 << 10  # /health answers a few bytes
 
 
 def live_ranks() -> list[str]:
@@ -51,13 +53,12 @@ def check(server_url: str, expect_ranks: int | None, timeout: float, container: 
     problems = []
     url = server_url.rstrip("/") + "/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            if r.status != 200:
-                problems.append(f"{url} answered {r.status}")
-    except urllib.error.HTTPError as e:
-        problems.append(f"{url} answered {e.code}")
-    except OSError as e:  # refused, timed out
-        problems.append(f"{url}: {getattr(e, 'reason', e)}")
+        status, _ = fetch.get(url, deadline_s=timeout, max_bytes=MAX_BODY)
+    except fetch.FetchError as e:  # refused, timed out, not HTTP
+        problems.append(str(e))
+    else:
+        if status != 200:
+            problems.append(f"{url} answered {status}")
     if expect_ranks is not None:
         ranks = live_ranks()
         if len(ranks) < expect_ranks:

@@ -1,9 +1,13 @@
 """`dsaops healthcheck`: non-zero within 5 s when /health fails or hangs, or a rank is missing."""
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
 import time
+
+import pytest
 
 from tests.support.ports import free_port
 
@@ -64,3 +68,42 @@ def test_a_timeout_past_the_healthcheck_deadline_is_refused():
     for value in ("nan", "inf", "5", "0"):
         code, out, _ = healthcheck("--server-url", "http://127.0.0.1:1", "--timeout", value)
         assert code == 2 and "argument --timeout: must be a positive number of seconds up to 4," in out, (value, out)
+
+
+@pytest.fixture
+def raw_server():
+    """A socket server that reads a request and answers each connection with `answer(conn)`."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = type("Raw", (), {"url": f"http://127.0.0.1:{sock.getsockname()[1]}", "answer": None})()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.recv(65536)
+                    server.answer(conn)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield server
+    sock.close()
+
+
+def drip(conn):
+    for byte in b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"a" * 200:
+        conn.sendall(bytes([byte]))
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("answer", [lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n"), drip],
+                         ids=["not HTTP", "headers a byte every 0.1 s"])
+def test_a_server_that_does_not_answer_http_in_time_is_unhealthy(raw_server, answer):
+    raw_server.answer = answer
+    code, out, took = healthcheck("--server-url", raw_server.url)
+    assert code == 1 and out.startswith(f"unhealthy: {raw_server.url}/health: ") and "Traceback" not in out, out
+    assert took < 5, took
