@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import re
 import signal
 import socket
 
@@ -85,14 +87,37 @@ def check_server_url(url: str) -> None:
         raise UserError(f"--server-url {e}") from None
 
 
+def require(*modules: str) -> None:
+    """Packages of the `exporter` extra a command needs: one missing is a one-line hint, not a traceback."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise UserError(f"the Python package {e.name} is not installed: run `pip install -e '.[exporter]'` in "
+                            "the dsaops checkout (the serving image has it)") from None
+
+
+def check_docker_url(url: str | None) -> None:
+    """The docker SDK's own parse of --docker-url, which otherwise raises at the first read."""
+    from docker.errors import DockerException
+    from docker.utils import parse_host
+
+    if url is not None:
+        try:
+            parse_host(url)
+        except (DockerException, ValueError) as e:
+            raise UserError(f"--docker-url {url}: {e}; give e.g. unix://{DEFAULT_PROXY_SOCKET}") from None
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
         raise UserError(f"--listen {value!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def run_exporter(args) -> int:
+    require("prometheus_client", "psutil", *(["docker"] if args.container else []))
     from dsaops.healthchecks.exporter import Config, Exporter
     from dsaops.healthchecks.http import serve
     from dsaops.healthchecks.server_info import NO_PLAN, read_plan
@@ -103,6 +128,11 @@ def run_exporter(args) -> int:
     check_server_url(args.server_url)
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")
+    if args.state_file and os.path.isdir(args.state_file):
+        raise UserError(f"--state-file {args.state_file} is a folder: give a file in it, e.g. "
+                        f"{os.path.join(args.state_file, 'state.json')}")
+    if args.container:
+        check_docker_url(args.docker_url)
     plan = read_plan(args.plan) if args.plan else NO_PLAN
     key = api_key.read(args.api_key_file)
     exporter = Exporter(Config(server_url=args.server_url, api_key=key, node=args.node, log_file=args.log_file,
@@ -130,6 +160,9 @@ def run_healthcheck(args) -> int:
     check_server_url(args.server_url)
     if args.container == "":
         raise UserError("--container: give the name of the container SGLang runs in (or leave the flag out)")
+    require(*(["psutil"] if args.expect_ranks is not None else []), *(["docker"] if args.container else []))
+    if args.container:
+        check_docker_url(args.docker_url)
     return run(args)
 
 
@@ -155,7 +188,8 @@ def run_log_writer(args) -> int:
 
     max_bytes = args.max_bytes or os.environ.get("DSAOPS_LOG_MAX_BYTES") or str(256 << 20)
     keep = args.keep or os.environ.get("DSAOPS_LOG_KEEP") or "4"
-    if not max_bytes.isdigit() or int(max_bytes) < 4096 or not keep.isdigit() or not 1 <= int(keep) <= 99:
-        raise UserError(f"the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be "
-                        f"at least 4096 bytes and the files kept ({keep!r}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
+    if (not re.fullmatch(r"[0-9]{1,12}", max_bytes) or int(max_bytes) < 4096
+            or not re.fullmatch(r"[0-9]{1,2}", keep) or int(keep) < 1):
+        raise UserError(f"the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be 4096 to "
+                        f"999999999999 bytes and the files kept ({keep!r}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
     return run(args.file, int(max_bytes), int(keep))

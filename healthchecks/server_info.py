@@ -210,7 +210,7 @@ def read_plan(path: str) -> PlanFigures:
         with open(path) as f:
             plan = json.load(f)
         value = plan["kv_pool_tokens_per_rank"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deep
         raise UserError(f"--plan {path}: cannot read kv_pool_tokens_per_rank ({e}); "
                         "give the output of `dsaops plan ... --json`") from e
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:  # JSON true is a Python int

@@ -119,3 +119,52 @@ def test_a_docker_proxy_socket_path_too_long_is_said_so(tmp_path):
 def test_a_log_writer_error_names_the_command_once(tmp_path):
     r = dsaops("log-writer", "--keep", "0", str(tmp_path / "server.log"), timeout=10)
     assert r.returncode == 2 and r.stderr.startswith("dsaops log-writer: the size limit"), r.stderr
+
+
+def one_line_error(r, starts: str) -> bool:
+    return r.returncode == 2 and r.stderr.startswith(starts) and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_numbers_are_ascii_digits_of_a_bounded_length():
+    """str.isdigit took '²', and int() raised on it or on a number of 5000 digits."""
+    for value in ("²", "9" * 5000):
+        r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{value}", timeout=10)
+        assert one_line_error(r, "dsaops exporter: --listen"), (value, r.stderr[-300:])
+    for flag, value in (("--max-bytes", "²"), ("--max-bytes", "9" * 5000), ("--keep", "²"), ("--keep", "1" * 5000)):
+        r = dsaops("log-writer", flag, value, "/nonexistent/server.log", timeout=10)
+        assert one_line_error(r, "dsaops log-writer: the size limit"), (flag, value, r.stderr[-300:])
+
+
+def test_a_state_file_that_is_a_folder_is_refused(tmp_path):
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
+               "--state-file", str(tmp_path), "--kmsg", "none", timeout=10)
+    assert one_line_error(r, f"dsaops exporter: --state-file {tmp_path} is a folder"), r.stderr
+
+
+def test_a_docker_url_the_sdk_cannot_parse_is_refused():
+    for url in ("tcp://host:port", "foo://x", "tcp://127.0.0.1:99999"):
+        r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{free_port()}",
+                   "--container", "sglang", "--docker-url", url, "--kmsg", "none", timeout=10)
+        assert one_line_error(r, f"dsaops exporter: --docker-url {url}: "), r.stderr
+        r = dsaops("healthcheck", "--server-url", "http://127.0.0.1:1", "--container", "sglang", "--docker-url", url)
+        assert one_line_error(r, f"dsaops healthcheck: --docker-url {url}: "), r.stderr
+
+
+def test_a_plan_nested_too_deep_is_refused(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("[" * 100_000 + "]" * 100_000)
+    r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--plan", str(plan), timeout=10)
+    assert one_line_error(r, f"dsaops exporter: --plan {plan}: cannot read kv_pool_tokens_per_rank"), r.stderr
+
+
+def test_a_missing_package_of_the_exporter_extra_names_the_install():
+    """`python -m dsaops` with one package of the extra made unimportable, as where it is not installed."""
+    for missing, args in (("prometheus_client", ["exporter", "--server-url", "http://127.0.0.1:1"]),
+                          ("psutil", ["exporter", "--server-url", "http://127.0.0.1:1"]),
+                          ("psutil", ["healthcheck", "--server-url", "http://127.0.0.1:1", "--expect-ranks", "1"]),
+                          ("docker", ["healthcheck", "--server-url", "http://127.0.0.1:1", "--container", "sglang"])):
+        code = (f"import runpy, sys; sys.modules[{missing!r}] = None; sys.argv = ['dsaops', *{args!r}]; "
+                "runpy.run_module('dsaops', run_name='__main__')")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+        assert one_line_error(r, f"dsaops {args[0]}: the Python package {missing} is not installed"), (missing, r.stderr)
+        assert "pip install -e '.[exporter]'" in r.stderr
