@@ -13,6 +13,7 @@ import asyncio
 import copy
 import dataclasses
 import json
+import pickle
 from types import SimpleNamespace
 
 import msgspec
@@ -90,6 +91,27 @@ def test_patched_server_args_repr_hides_both_keys(patched_root, pristine_root):
         ns = lift(root / "sglang/srt/server_args.py", ["ServerArgs.__repr__"], {"record_fields": lambda cls: fields})
         text = ns["__repr__"](args)
         assert (API_KEY in text) is not hidden and (ADMIN_KEY in text) is not hidden and "port=30000" in text
+
+
+class DumpedServerArgs(SimpleNamespace):
+    """ServerArgs as a dump sees it: the fields as attributes, resolved_dict() their values."""
+    def resolved_dict(self):
+        return dict(vars(self))
+
+
+@pytest.mark.parametrize("watermark", [False, True])
+def test_patched_dumps_carry_neither_key(patched_root, pristine_root, tmp_path, watermark):
+    """The server_args entry of a request or crash dump (TokenizerManager._server_args_for_dump), pickled
+    as _dump_data_to_file does; 0.5.23 carries both keys, pickling ServerArgs whole unless watermarking is on."""
+    args, _ = parse_server_args(["--model-path", "/models/x", "--config", str(config_file(tmp_path))])
+    features = SimpleNamespace(features=SimpleNamespace(enable_watermark=watermark))
+    for root, hidden in ((patched_root, True), (pristine_root, False)):
+        ns = lift(root / "sglang/srt/managers/tokenizer_manager.py", ["TokenizerManager._server_args_for_dump"],
+                  {"get_exec": lambda: features, "redact_watermark_secrets": redaction(root)[0]})
+        dumped = ns["_server_args_for_dump"](SimpleNamespace(server_args=DumpedServerArgs(**vars(args))))
+        body = pickle.dumps({"server_args": dumped})
+        assert (API_KEY.encode() in body) is not hidden and (ADMIN_KEY.encode() in body) is not hidden, root
+        assert b"/models/x" in body
 
 
 # ---------------------------------------------------------------- SGLang's auth middleware

@@ -285,14 +285,14 @@ main(["patches", action, "--sglang-root", root])
 
 @pytest.mark.parametrize("crashed, renames, then", [
     ("apply", 1, "apply"), ("apply", 5, "revert"),
-    ("apply", 12, "apply"), ("apply", 12, "revert"),    # every file renamed, the marker not
+    ("apply", 13, "apply"), ("apply", 13, "revert"),    # every file renamed, the marker not
     ("revert", 0, "revert"), ("revert", 4, "apply"),    # the marker gone, files not (all) put back
 ])
 def test_a_crash_between_renames_is_recognised_and_recovered(sparse_root, patched_root, series, crashed, renames,
                                                              then, capsys):
     """SIGKILL between two renames: no half-written file, `status` says interrupted (exit 1), and either
     action brings the tree to exactly what it would be without the crash, temporary files gone."""
-    assert len(series.targets) == 12
+    assert len(series.targets) == 13
     pristine = tree_hash(sparse_root)
     if crashed == "revert":
         assert patches("apply", sparse_root) == 0
@@ -301,6 +301,6 @@ def test_a_crash_between_renames_is_recognised_and_recovered(sparse_root, patche
     carried = renames if crashed == "apply" else len(series.targets) - renames
     capsys.readouterr()
     assert patches("status", sparse_root) == 1
-    assert capsys.readouterr().out.startswith(f"interrupted: no marker, but {carried} of 12 files carry the series")
+    assert capsys.readouterr().out.startswith(f"interrupted: no marker, but {carried} of 13 files carry the series")
     assert patches(then, sparse_root) == 0
     assert tree_hash(sparse_root) == (tree_hash(patched_root) if then == "apply" else pristine)
