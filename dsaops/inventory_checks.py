@@ -63,15 +63,18 @@ def _list_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
     return lambda v: isinstance(v, list) and all(check(x) for x in v)
 
 
+def _float(value) -> float | None:
+    # float() also takes "12\n", "nan" and "1e3": a template would render them as given
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+(\.[0-9]+)?", value):
+        return float(value)
+    return None
+
+
 def _between(low: float, high: float, whole: bool = True) -> Callable[[object], bool]:
     def check(value) -> bool:
-        if whole:
-            number = _int(value)
-        else:
-            try:
-                number = float(value) if not isinstance(value, bool) else None
-            except (TypeError, ValueError):
-                number = None
+        number = _int(value) if whole else _float(value)
         return number is not None and low <= number <= high
     return check
 
@@ -161,13 +164,14 @@ VARIABLES: dict[str, str] = {
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
     "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
-    "sglang_server_memory_limit": "size", "sglang_server_memory_wait_s": "seconds",
-    "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
+    "sglang_server_memory_limit": "size", "sglang_server_memory_gate_gib": "gib",
+    "sglang_server_memory_wait_s": "seconds", "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
     "sglang_server_hf_cache": "path",
     "sglang_server_script": "path", "sglang_server_cache_dir": "path",
     "sglang_server_supervisor": "supervisor", "sglang_server_health_probe_timeout": "seconds",
     "sglang_server_health_wait_s": "seconds", "sglang_server_smoke_bench_concurrency": "levels",
-    "monitoring_exporter_state_dir": "path", "monitoring_exporter_run_dir": "path", "monitoring_exporter_script": "path",
+    "monitoring_exporter_api_key_file": "path", "monitoring_exporter_state_dir": "path",
+    "monitoring_exporter_run_dir": "path", "monitoring_exporter_script": "path",
     "monitoring_prometheus_dir": "path", "monitoring_alertmanager_dir": "path", "monitoring_grafana_dir": "path",
     "monitoring_prometheus_data_dir": "path", "monitoring_alertmanager_data_dir": "path",
     "monitoring_prometheus_image": "image", "monitoring_alertmanager_image": "image",
@@ -177,9 +181,12 @@ VARIABLES: dict[str, str] = {
     "monitoring_grafana_admin_password": "secret", "monitoring_start": "monitoring_start",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
-    "weights_hf_token": "token", "host_memory_sysctl_file": "path", "host_memory_sshd_unit": "name",
+    "weights_hf_token": "token", "weights_hf_token_file": "path", "host_memory_sysctl_file": "path",
+    "host_memory_sshd_unit": "name", "host_memory_sshd_pidfile": "path",
     "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
     "sglang_server_oom_score_adj": "oom_score",
+    "host_memory_root": "root", "monitoring_root": "root", "network_root": "root", "sglang_server_root": "root",
+    "transfer_root": "root", "weights_root": "root",
 }
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.

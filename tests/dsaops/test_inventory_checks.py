@@ -55,6 +55,12 @@ def test_a_newline_is_refused_everywhere(name):
     ("dsaops_api_key", "", "short"), ("dsaops_api_key", "a" * 16, "a" * 15 + " "),
     ("dsaops_exporter_mode", "inside", "contianer"), ("sglang_server_supervisor", "docker", "systemd-run"),
     ("monitoring_start", "no", "maybe"),
+    ("sglang_server_memory_gate_gib", 107.3, "1$(touch /tmp/x)"), ("sglang_server_memory_gate_gib", "12.5", "12\n"),
+    ("sglang_server_memory_gate_gib", 0.5, "nan"), ("monitoring_exporter_api_key_file", "/etc/dsaops/exporter/api-key",
+                                                  "/etc/x; touch /tmp/x"),
+    ("weights_hf_token_file", "/etc/dsaops/weights-hf-token", "weights-hf-token"),
+    ("host_memory_sshd_pidfile", "/run/sshd.pid", "/run/$(id).pid"), ("sglang_server_root", "", "/srv/root x"),
+    ("host_memory_root", "/srv/roots/node1", "srv"), ("weights_root", "", "/x\n"),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -118,3 +124,4 @@ def test_the_exporter_cannot_listen_on_ipv6_which_is_why_the_rule_refuses_it():
     IPv4-only sets) must change with it."""
     with pytest.raises(OSError, match="[Aa]ddress family"):
         serve(object(), "::1", 0).server_close()
+

@@ -356,6 +356,7 @@ HOSTILE = {
     "dsaops_server_container": "x\ntouch /tmp/dsaops-pwned",
     "sglang_server_container_name": "dsaops\nExecStartPost=/bin/sh -c 'touch /tmp/dsaops-pwned'",
     "sglang_server_extra_env": {"OK": "a\nEVIL=1"},
+    "sglang_server_memory_gate_gib": "1$(touch /tmp/dsaops-pwned)",
     # dsaops.nft.j2 (nftables)
     "network_firewall_allow": ["1.2.3.4; flush ruleset"],
     "dsaops_monitoring_allow": ["10.0.0.0/8 } accept; #"],
@@ -368,9 +369,13 @@ HOSTILE = {
     # sysctl.conf.j2, sshd-oom.conf.j2 (a systemd drop-in)
     "host_memory_extra_sysctls": {"vm.x\nkernel.sysrq": 1},
     "host_memory_sshd_oom_score_adj": "-900\nExecStartPre=/bin/touch /tmp/dsaops-pwned",
-    # the server's --config file and token file
+    # the server's --config file and token file, and the files and roots every role writes under
     "sglang_server_hf_token": "hf_x\nEVIL=1",
     "dsaops_api_key": "short",
+    "monitoring_exporter_api_key_file": "/etc/x\ntouch /tmp/dsaops-pwned", "weights_hf_token_file": "hf-token",
+    "host_memory_sshd_pidfile": "/run/sshd.pid; touch /tmp/dsaops-pwned", "host_memory_root": "roots/x",
+    "monitoring_root": "/srv/a b", "network_root": "/srv/$(id)", "sglang_server_root": "/srv/x\n",
+    "transfer_root": "~/x", "weights_root": "/srv/x;y",
     # values that passed before: TP 0, port 99999, an empty image, and others
     "dsaops_tp_size": 0, "dsaops_server_port": 99999, "dsaops_image": "", "dsaops_gpus_per_node": -1,
     "dsaops_attn_dp_size": 0, "dsaops_cluster_interface": "eth0; reboot", "dsaops_mem_fraction_static": 1.5,
