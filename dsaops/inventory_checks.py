@@ -14,7 +14,8 @@ import ipaddress
 import re
 from collections.abc import Callable, Mapping
 
-_KEY_FLAGS = {"--api-key", "--admin-api-key"}
+# SGLang's parser takes any unambiguous prefix (allow_abbrev), so "--api-k" is --api-key too
+_REFUSED_FLAGS = ("--api-key", "--admin-api-key", "--config")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9])?")
 IMAGE_REFERENCE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
@@ -83,6 +84,15 @@ def _no_control(value) -> bool:
     return isinstance(value, str) and not any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
+def _secret(value) -> bool:
+    return value == "" or (_match(_SECRET)(value) and len(value) >= 16)
+
+
+def _refused_flag(argument: str) -> bool:
+    name = argument.split("=", 1)[0]
+    return len(name) > 2 and name.startswith("--") and any(flag.startswith(name) for flag in _REFUSED_FLAGS)
+
+
 def _env(value) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and ENV_NAME.fullmatch(k) and _no_control(str(v)) for k, v in value.items())
@@ -116,14 +126,17 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
                                                       "'@', '-'")),
     "model": (lambda v: _match(_PATH)(v) or _match(_HF_ID)(v), "a Hugging Face id (org/name) or an absolute path"),
-    "secret": (lambda v: v == "" or (_match(_SECRET)(v) and len(v) >= 16),
-               "empty (generated), or at least 16 printable characters without spaces"),
+    "secret": (_secret, "empty (generated), or at least 16 printable characters without spaces"),
+    # SGLang's --config merge hands the key to argparse, which reads a value starting with '-' as a flag
+    "api_key": (lambda v: _secret(v) and not v.startswith("-"),
+                "empty (generated), or at least 16 printable characters without spaces, not starting with '-'"),
     "token": (_match(_SECRET), "printable characters without spaces or newlines"),
     "size": (_match(_SIZE), "a size such as 32g"),
     "duration": (_match(_DURATION), "a Prometheus duration such as 5s"),
-    "args": (lambda v: _list_of(_no_control)(v) and not any(str(a).split("=")[0] in _KEY_FLAGS for a in v),
-             ("a list of strings without newlines or other control characters, and without --api-key or "
-             "--admin-api-key (set dsaops_api_key / dsaops_admin_api_key: they stay off the command line)")),
+    "args": (lambda v: _list_of(_no_control)(v) and not any(_refused_flag(a) for a in v),
+             ("a list of strings without newlines or other control characters, and without --api-key, "
+              "--admin-api-key, --config or an abbreviation of them (set dsaops_api_key / dsaops_admin_api_key: "
+              "they stay off the command line)")),
     "env": (_env, "a mapping of NAME (letters, digits, '_') to values without newlines"),
     "url": (lambda v: v == "" or (_no_control(v) and re.fullmatch(r"https?://\S+", v) is not None),
             "empty, or an http(s) URL without spaces"),
@@ -160,7 +173,7 @@ VARIABLES: dict[str, str] = {
     "dsaops_server_port": "port", "dsaops_server_listen_host": "ip", "dsaops_dist_init_port": "port",
     "dsaops_exporter_mode": "exporter_mode",
     "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "exporter_listen", "dsaops_monitoring_allow": "cidrs",
-    "dsaops_root": "root", "dsaops_api_key": "secret", "dsaops_admin_api_key": "secret",
+    "dsaops_root": "root", "dsaops_api_key": "api_key", "dsaops_admin_api_key": "api_key",
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
     "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
@@ -192,7 +205,7 @@ VARIABLES: dict[str, str] = {
 # one, so that an inventory written for the old name stops instead of being ignored.
 RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir",
                            "sglang_server_listen_host": "dsaops_server_listen_host"}
-_SECRETS = {"secret", "token"}     # never repeated in a message
+_SECRETS = {"secret", "api_key", "token"}     # never repeated in a message
 # The variables of those kinds: what `ps` must never show on ansible-playbook's command line (dsaops deploy)
 SECRET_VARIABLES = tuple(name for name, kind in VARIABLES.items() if kind in _SECRETS)
 

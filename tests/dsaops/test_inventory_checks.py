@@ -125,3 +125,38 @@ def test_the_exporter_cannot_listen_on_ipv6_which_is_why_the_rule_refuses_it():
     with pytest.raises(OSError, match="[Aa]ddress family"):
         serve(object(), "::1", 0).server_close()
 
+
+@pytest.mark.parametrize("args", [["--api-k", "k"], ["--admin-api=k"], ["--a", "k"], ["--config", "/srv/x.yaml"],
+                                  ["--trust-remote-code", "--conf=/srv/x.yaml"]])
+def test_extra_args_may_not_set_a_key_or_a_config_file_by_any_spelling(args):
+    """SGLang's parser takes abbreviations, and a second --config would carry flags of its own."""
+    line = refusal("sglang_server_extra_args", args)
+    assert line.startswith(f"sglang_server_extra_args={args!r} is refused: it must be a list of strings") and "\n" not in line
+    assert "--config or an abbreviation of them" in line
+
+
+def test_extra_args_that_only_resemble_those_flags_pass():
+    assert refusal("sglang_server_extra_args", ["--trust-remote-code", "--context-length", "8192", "--",
+                                                "--api-key-x", "--served-model-name=config"]) is None
+
+
+@pytest.mark.parametrize("name", ["dsaops_api_key", "dsaops_admin_api_key"])
+def test_an_api_key_starting_with_a_dash_is_refused(name):
+    assert refusal(name, "-" + "a" * 20) == (f"{name} (not shown) is refused: it must be empty (generated), or at least "
+                                             "16 printable characters without spaces, not starting with '-'.")
+    assert refusal(name, "a-" + "a" * 20) is None
+    assert refusal("monitoring_grafana_admin_password", "-" + "a" * 20) is None    # a file, never a flag's value
+
+
+def test_sglang_reads_those_spellings_as_the_rules_assume(tmp_path):
+    """Pins both rules to the pinned SGLang's --config merge and argparse: a key starting with '-' stops the parse,
+    and an abbreviated flag after --config replaces the file's key."""
+    from tests.support.sglang_definitions import parse_server_args
+
+    config = tmp_path / "sglang-secrets.yaml"
+    config.write_text(yaml.safe_dump({"api-key": "-" + "a" * 20}))
+    with pytest.raises(SystemExit):
+        parse_server_args(["--model-path", "/models/x", "--config", str(config)])
+    config.write_text(yaml.safe_dump({"api-key": "k" * 20}))
+    args, _ = parse_server_args(["--model-path", "/models/x", "--config", str(config), "--api-k", "mine"])
+    assert args.api_key == "mine"

@@ -357,6 +357,7 @@ HOSTILE = {
     "sglang_server_container_name": "dsaops\nExecStartPost=/bin/sh -c 'touch /tmp/dsaops-pwned'",
     "sglang_server_extra_env": {"OK": "a\nEVIL=1"},
     "sglang_server_memory_gate_gib": "1$(touch /tmp/dsaops-pwned)",
+    "sglang_server_extra_args": ["--api-k", "k", "--config", "/srv/x.yaml"],
     # dsaops.nft.j2 (nftables)
     "network_firewall_allow": ["1.2.3.4; flush ruleset"],
     "dsaops_monitoring_allow": ["10.0.0.0/8 } accept; #"],
@@ -371,7 +372,7 @@ HOSTILE = {
     "host_memory_sshd_oom_score_adj": "-900\nExecStartPre=/bin/touch /tmp/dsaops-pwned",
     # the server's --config file and token file, and the files and roots every role writes under
     "sglang_server_hf_token": "hf_x\nEVIL=1",
-    "dsaops_api_key": "short",
+    "dsaops_api_key": "short", "dsaops_admin_api_key": "-dash-0123456789abcdef",
     "monitoring_exporter_api_key_file": "/etc/x\ntouch /tmp/dsaops-pwned", "weights_hf_token_file": "hf-token",
     "host_memory_sshd_pidfile": "/run/sshd.pid; touch /tmp/dsaops-pwned", "host_memory_root": "roots/x",
     "monitoring_root": "/srv/a b", "network_root": "/srv/$(id)", "sglang_server_root": "/srv/x\n",
@@ -384,7 +385,7 @@ HOSTILE = {
     # renamed variables: set under their old names, they would be ignored
     "sglang_server_config_dir": "/srv/dsaops", "sglang_server_log_dir": "/srv/logs",
 }
-SECRET_VALUES = ("hf_x", "short")
+SECRET_VALUES = ("hf_x", "short", "-dash-0123456789abcdef")
 
 
 def _hostile_inventory(tmp_path):
