@@ -288,6 +288,9 @@ ONE_NODE = {"dsaops_head": ["node1"], "dsaops_workers": []}
      "must put exactly one host in group dsaops_head"),
     ("TP not divisible", {"cluster_vars": {"dsaops_tp_size": 3}},
      "dsaops_tp_size 3 must be divisible by the 2 node(s)"),
+    # host_memory used to change the nodes before the network role looked for the devices
+    ("missing RDMA device", {"cluster_vars": {"dsaops_ib_hca": ["mlx5_dsaops_9"]}},
+     "node1: dsaops_ib_hca lists ['mlx5_dsaops_9'], which /sys/class/infiniband lacks"),
 ])
 def test_refusals_stop_before_any_change(sandbox, cluster, tmp_path, case, overrides, message):
     write, _ = cluster
