@@ -193,6 +193,14 @@ def test_inconsistent_inventory_refused_without_hosts():
     assert indivisible.returncode != 0 and "dsaops_tp_size 3 must be divisible by the 2 node(s)" in indivisible.stderr
 
 
+@pytest.mark.parametrize("ep, refused", [(3, True), (16, True), (8, False)])
+def test_ep_size_must_divide_tp_size(ep, refused):
+    """SGLang refuses tp_size % ep_size at model load (moe_ep_setup.py); the inventory check says so first."""
+    result = print_commands("h20-8gpu", "-e", f"dsaops_ep_size={ep}")
+    assert (result.returncode != 0) is refused, result.stderr[-3000:]
+    assert (f"dsaops_attn_dp_size 8 and dsaops_ep_size {ep} must divide it" in result.stderr) is refused
+
+
 def test_print_commands_needs_a_target():
     result = print_commands("local")
     assert result.returncode != 0 and "set dsaops_target" in result.stderr
