@@ -236,3 +236,12 @@ def refusals(values: Mapping[str, object]) -> list[str]:
 def names(prefix: str = "") -> list[str]:
     """The table's variables, and the renamed ones' old names, starting with `prefix` (all with '')."""
     return [name for name in (*VARIABLES, *RENAMED) if name.startswith(prefix)]
+
+
+def port_collisions(ports: Mapping[str, object]) -> list[str]:
+    """One line for each TCP port two of one host's listeners share; `ports` is {what: a port or a list of ports}."""
+    claims: dict[int, list[str]] = {}
+    for what, value in ports.items():
+        for port in value if isinstance(value, list) else [value]:
+            claims.setdefault(int(port), []).append(what)
+    return [f"port {port} is both {' and '.join(names)}" for port, names in sorted(claims.items()) if len(names) > 1]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from dsaops.healthchecks.http import serve
 
-from dsaops.inventory_checks import KINDS, VARIABLES, names, refusal, refusals
+from dsaops.inventory_checks import KINDS, VARIABLES, names, port_collisions, refusal, refusals
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 ROLE_DEFAULTS = {k: v for path in sorted(PLAYBOOKS.glob("roles/*/defaults/main.yml"))
@@ -160,3 +160,11 @@ def test_sglang_reads_those_spellings_as_the_rules_assume(tmp_path):
     config.write_text(yaml.safe_dump({"api-key": "k" * 20}))
     args, _ = parse_server_args(["--model-path", "/models/x", "--config", str(config), "--api-k", "mine"])
     assert args.api_key == "mine"
+
+
+def test_port_collisions_name_each_shared_port_once():
+    assert port_collisions({"dsaops_server_port": 30000, "derived": [30013, 30234], "dsaops_exporter_port": "9860",
+                            "monitoring_grafana_port": 30013, "monitoring_prometheus_port": 9090}) == [
+        "port 30013 is both derived and monitoring_grafana_port"]
+    assert port_collisions({"a": 1, "b": "1", "c": [1]}) == ["port 1 is both a and b and c"]
+    assert port_collisions({"a": 1, "b": [2, 3]}) == []

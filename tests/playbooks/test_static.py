@@ -201,6 +201,18 @@ def test_ep_size_must_divide_tp_size(ep, refused):
     assert (f"dsaops_attn_dp_size 8 and dsaops_ep_size {ep} must divide it" in result.stderr) is refused
 
 
+@pytest.mark.parametrize("extra, says", [
+    ("dsaops_exporter_port=30000", "h20-1: port 30000 is both dsaops_server_port and dsaops_exporter_port."),
+    ("monitoring_grafana_port=25000", "h20-1: port 25000 is both dsaops_dist_init_port and monitoring_grafana_port."),
+    # attention DP 8 on one node: SGLang's handshake listens at the server port + 13
+    ("monitoring_prometheus_port=30013", ("h20-1: port 30013 is both a port SGLang derives from them "
+                                          "(dsaops/sglang_ports.py) and monitoring_prometheus_port.")),
+])
+def test_two_listeners_on_one_port_are_refused_without_hosts(extra, says):
+    result = print_commands("h20-8gpu", "-e", extra)
+    assert result.returncode != 0 and says in " ".join(result.stderr.split()), result.stderr[-3000:]
+
+
 def test_print_commands_needs_a_target():
     result = print_commands("local")
     assert result.returncode != 0 and "set dsaops_target" in result.stderr

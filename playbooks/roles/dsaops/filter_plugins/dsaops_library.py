@@ -22,6 +22,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       the variables dsaops.inventory_checks has a rule for, starting with prefix ('' for all)
   {name: value} | dsaops_refusals
       one line per value that rule refuses, naming the variable (dsaops.inventory_checks)
+  {what: port or ports} | dsaops_port_collisions
+      one line per port two of one host's listeners share (dsaops.inventory_checks)
   settings | dsaops_sglang_ports
       the ports SGLang opens for its own processes, which the network role fences (dsaops.sglang_ports)
   addresses | dsaops_nft_elements(what)
@@ -173,6 +175,7 @@ class FilterModule:
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
+                "dsaops_port_collisions": inventory_checks.port_collisions,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
                 "dsaops_monitoring_sources": monitoring_sources, "dsaops_listen_address": listen_address,
                 "dsaops_probe_host": probe_host,
