@@ -190,6 +190,7 @@ VARIABLES: dict[str, str] = {
     "monitoring_prometheus_image": "image", "monitoring_alertmanager_image": "image",
     "monitoring_grafana_image": "image", "monitoring_prometheus_port": "port", "monitoring_alertmanager_port": "port",
     "monitoring_grafana_port": "port", "monitoring_scrape_interval": "duration", "monitoring_alertmanager_listen": "ip",
+    "monitoring_prometheus_listen": "ip",
     "monitoring_alert_webhook_url": "url", "monitoring_datasource_uid": "name",
     "monitoring_grafana_admin_password": "secret", "monitoring_start": "monitoring_start",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",

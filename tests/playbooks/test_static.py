@@ -667,6 +667,20 @@ def test_alertmanager_on_ipv6_listens_and_is_reached_in_brackets(tmp_path, liste
     assert "--web.listen-address={{ monitoring_alertmanager_address }}" in alertmanager["args"]
 
 
+@pytest.mark.parametrize("listen, url", [(None, "http://127.0.0.1:9090"), ("10.0.0.7", "http://10.0.0.7:9090"),
+                                         ("::", "http://[::1]:9090")])
+def test_prometheus_listens_on_loopback_unless_asked_and_grafana_follows(tmp_path, listen, url):
+    """Prometheus asks no password: it listened on every address; Grafana's datasource reaches it where it listens."""
+    _, config = render_stack(tmp_path, **({"monitoring_prometheus_listen": listen} if listen else {}))
+    assert f'url: "{url}"' in config
+    tasks = yaml.safe_load((PLAYBOOKS / "roles/monitoring/tasks/containers.yml").read_text())
+    prometheus = next(c for c in tasks[0]["ansible.builtin.set_fact"]["monitoring_containers"]
+                      if c["name"] == "dsaops-prometheus")
+    assert "--web.listen-address={{ monitoring_prometheus_address }}" in prometheus["args"]
+    defaults = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())
+    assert defaults["monitoring_prometheus_listen"] == "127.0.0.1"
+
+
 @pytest.mark.parametrize("settings, exporter, server", [
     ({}, "here:9860", "here:30000"),
     ({"dsaops_exporter_listen_host": "10.0.0.5"}, "10.0.0.5:9860", "here:30000"),
