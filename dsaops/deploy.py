@@ -126,17 +126,17 @@ def _load_yaml(text: str):
     """`text` as Ansible loads extra variables: JSON, else YAML (its tags read as _Opaque)."""
     import yaml  # beside Ansible; the CLI's other commands stay stdlib-only
 
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-
     class Loader(yaml.SafeLoader):
         pass
 
     Loader.add_multi_constructor("!", lambda loader, suffix, node: _Opaque())
     try:
-        return yaml.load(text, Loader=Loader)  # a SafeLoader that also reads Ansible's tags
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return yaml.load(text, Loader=Loader)  # a SafeLoader that also reads Ansible's tags
+    except RecursionError:  # both parsers recurse once a level: [[[[... past the interpreter's limit
+        raise ValueError("nests deeper than the parser follows") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -560,6 +560,9 @@ def test_an_extra_vars_file_is_read_from_the_current_folder(tmp_path, monkeypatc
     ('{"dsaops_api_key": "hf_abc",', "an -e argument starting with { is not valid JSON or YAML"),
     ("[1]", "an -e argument starting with [ holds no mapping of variables"),
     ("./vars.yml", "-e ./vars.yml: give a file of variables with @, as -e @./vars.yml"),
+    ("[" * 100_000, "an -e argument starting with [ nests deeper than the parser follows"),
+    ("@deep.json", "-e @deep.json nests deeper than the parser follows"),
+    ("@deep.yml", "-e @deep.yml nests deeper than the parser follows"),
 ])
 def test_bad_extra_vars_are_one_line_and_exit_2(tmp_path, extra, says):
     """They used to reach Ansible, which printed some 40 lines in colour and exit 1."""
@@ -568,6 +571,8 @@ def test_bad_extra_vars_are_one_line_and_exit_2(tmp_path, extra, says):
     (tmp_path / "broken.yml").write_text("a: [\n")
     (tmp_path / "list.yml").write_text("- 1\n")
     (tmp_path / "empty.yml").write_text("")
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    (tmp_path / "deep.yml").write_text("a:\n" + "".join(" " * i + "- \n" for i in range(3000)))
     result = print_commands("h20-8gpu", "-e", extra, cwd=tmp_path)
     assert result.returncode == 2 and says in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert "hf_abc" not in result.stderr
