@@ -139,7 +139,8 @@ def load_preset(name: str) -> ModelGeometry:
 
 
 def load_config_file(path: str | Path) -> ModelGeometry:
-    raw = plan_input.read_json(path, "model config", error=ModelConfigError)
+    raw = plan_input.read_json(path, "model config", fix="pass the model's config.json",
+                               error=ModelConfigError)
     return from_config(raw, name=Path(path).parent.name or str(path))
 
 

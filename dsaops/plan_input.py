@@ -4,7 +4,9 @@ argparse turns "nan", "inf" and "1e308" into floats, Python callers (the playboo
 whatever their inventory holds, and a config.json can hold anything JSON can; past this point
 such values made NaN pool sizes, overflows, divisions by zero and tracebacks. `check(request)`
 refuses each flag, and model_geometry reads each config field through `whole`/`number`/`read_json`,
-in one line (a UserError: exit 2) that names the flag or key and the values it takes.
+in one line (a UserError: exit 2) that names the flag or key and the values it takes. The other
+subcommands read their JSON files (a reference, a plan, a selftest verdict, the patches marker)
+through `read_json` too.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dsaops.errors import UserError
 INT_MOST = 2**31 - 1        # SGLang keeps these counts in int32 (request and token tables)
 GIB_MOST = float(1 << 20)   # 1 PiB: far above any GPU or checkpoint, far below overflow in byte sums
 RATIO_MOST = 1000.0         # mamba_full_memory_ratio: 1000 already gives the mamba state 99.9%
-JSON_MOST_BYTES = 1 << 20   # a config.json is a few KiB; reading stops here (/dev/zero, a weights file)
+JSON_MOST_BYTES = 1 << 20   # the JSON files read are a few KiB; reading stops here (/dev/zero, a weights file)
 
 MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_RADIX_CACHE_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
@@ -69,26 +71,43 @@ def number(value, what: str, *, most: float, unit: str = "", error: type[UserErr
     return float(value)
 
 
-def read_json(path: str | Path, what: str, *, error: type[UserError] = UserError) -> dict:
-    """The JSON object in the file at `path`, read to at most JSON_MOST_BYTES."""
+def parse_json(text: str | bytes):
+    """json.loads, a document nested past the parser's recursion limit refused with the ValueError
+    of any other bad document (it raised RecursionError: a traceback)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("it nests deeper than the parser follows") from None
+
+
+def read_text(path: str | Path, what: str, *, fix: str, error: type[Exception] = UserError) -> str:
+    """The UTF-8 text of the file at `path`, read to at most JSON_MOST_BYTES; else `error` ending in `fix`."""
     where = f"{what} {path}"
     try:
         with open(path, "rb") as f:
             data = f.read(JSON_MOST_BYTES + 1)
     except IsADirectoryError:
-        raise error(f"{where} is a directory: pass the config.json in it") from None
+        raise error(f"{where} is a directory: {fix}") from None
     except OSError as e:
-        raise error(f"cannot read {where}: {e.strerror or e}") from None
+        raise error(f"cannot read {where}: {e.strerror or e}; {fix}") from None
     if len(data) > JSON_MOST_BYTES:
-        raise error(f"{where} is larger than {JSON_MOST_BYTES >> 20} MiB: pass the model's config.json") from None
+        raise error(f"{where} is larger than {JSON_MOST_BYTES >> 20} MiB: {fix}")
     try:
-        raw = json.loads(data.decode())
+        return data.decode()
     except UnicodeDecodeError as e:
-        raise error(f"{where} is not UTF-8 text ({e.reason} at byte {e.start}): pass the model's config.json") from None
-    except (ValueError, RecursionError) as e:
-        raise error(f"{where} is not JSON ({e}): pass the model's config.json") from None
+        raise error(f"{where} is not UTF-8 text ({e.reason} at byte {e.start}): {fix}") from None
+
+
+def read_json(path: str | Path, what: str, *, fix: str, error: type[Exception] = UserError) -> dict:
+    """The JSON object in the file at `path` (read_text); else `error` ending in `fix`."""
+    where = f"{what} {path}"
+    text = read_text(path, what, fix=fix, error=error)
+    try:
+        raw = parse_json(text)
+    except ValueError as e:
+        raise error(f"{where} is not JSON ({e}): {fix}") from None
     if not isinstance(raw, dict):
-        raise error(f"{where} holds a JSON {type(raw).__name__}, not an object: pass the model's config.json")
+        raise error(f"{where} holds a JSON {type(raw).__name__}, not an object: {fix}")
     return raw
 
 

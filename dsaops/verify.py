@@ -144,12 +144,14 @@ def _depths(text: str) -> list[int]:
     return depths
 
 
-def _read_reference(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return dict(json.load(f)["answers"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"cannot read the reference {path} ({e}); record one with --record FILE") from None
+def _read_reference(path: str) -> dict[str, str]:
+    from dsaops.plan_input import read_json
+
+    fix = "record one with --record FILE"
+    answers = read_json(path, "the reference", fix=fix).get("answers")
+    if not isinstance(answers, dict) or not all(isinstance(a, str) for a in answers.values()):
+        raise UserError(f"the reference {path} has no \"answers\" object of probe names to answer strings; {fix}")
+    return answers
 
 
 def _write_reference(path: str, server_url: str, model: str, results) -> None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import itertools
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsaops.kernels import tiles
 
+from dsaops import plan_input
 from dsaops.cache import cache_dir
 
 KERNEL_FP8 = "float8_e4m3fn"  # the only pool dtype dsaops' decode is built for (no e4m3fnuz: no HIP kernels)
@@ -165,12 +165,7 @@ _VERDICT_KEYS = {"gpu": dict, "target": str, "kernels": str, "heads": int, "batc
 
 def read_verdict(path: Path) -> dict:
     """A selftest verdict, checked for the fields routing reads; ValueError says what is wrong."""
-    try:
-        verdict = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable verdict ({e})") from None
-    if not isinstance(verdict, dict):
-        verdict = {}
+    verdict = plan_input.read_json(path, "selftest verdict", fix="run `dsaops kernels selftest` again", error=ValueError)
     bad = [k for k, kind in _VERDICT_KEYS.items() if not isinstance(verdict.get(k), kind)]
     decision = verdict.get("decision") if isinstance(verdict.get("decision"), dict) else {}
     if decision.get("kernel") not in ("dsaops", "sglang") or decision.get("reason") not in REASONS:

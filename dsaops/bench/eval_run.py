@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from dsaops.bench import humaneval, paired, sandbox
 from dsaops.errors import UserError
+from dsaops.plan_input import read_json
 
 RECORD_FORMAT = 1
 
@@ -78,12 +79,12 @@ def write_record(path: str, record: dict) -> None:
 
 
 def read_record(path: str, task: str) -> dict:
+    fix = "record one with --record FILE"
+    record = read_json(path, "the reference", fix=fix)
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
         statuses = {k: v["status"] for k, v in record["problems"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UserError(f"cannot read the reference {path} ({e}); record one with --record FILE") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"the reference {path} has no problem statuses ({type(e).__name__}: {e}); {fix}") from None
     if record.get("task") != task:
         raise UserError(f"the reference {path} is a {record.get('task')!r} run, not {task!r}")
     return record | {"statuses": statuses}

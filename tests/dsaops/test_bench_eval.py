@@ -88,14 +88,16 @@ def test_a_silent_server_is_bounded(standin, capsys):
     (["--limit", "0"], "--limit must be positive"),
     (["--reference", "/nonexistent.json"], "cannot read the reference /nonexistent.json"),
     (["--reference", "{other}"], "is a 'gsm8k' run, not 'humaneval'"),
+    (["--reference", "{deep}"], "is not JSON (it nests deeper than the parser follows): record one with --record"),
     (["--api-key-file", "{empty}"], "is empty"),
     (["--record", "/nonexistent/run.json"], "--record /nonexistent/run.json: cannot write"),
 ])
 def test_bad_input_is_one_line_and_exit_2(standin, tmp_path, capsys, extra, message):
-    other, empty = tmp_path / "other.json", tmp_path / "key"
+    other, empty, deep = tmp_path / "other.json", tmp_path / "key", tmp_path / "deep.json"
     other.write_text(json.dumps({"task": "gsm8k", "problems": {}}))
     empty.write_text("\n")
-    extra = [a.format(other=other, empty=empty) for a in extra]
+    deep.write_text("[" * 100_000)
+    extra = [a.format(other=other, empty=empty, deep=deep) for a in extra]
     assert main(["bench", "eval", "--server-url", standin(), "--task", "humaneval", *extra]) == 2
     out, err = capsys.readouterr()
     assert out == "" and message in err and len(err.strip().splitlines()) == 1

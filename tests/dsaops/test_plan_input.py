@@ -175,7 +175,7 @@ def test_a_broken_model_config_is_one_line(tmp_path, case):
 
 
 @pytest.mark.parametrize("path, says", [
-    (".", "is a directory: pass the config.json in it"),
+    (".", "is a directory: pass the model's config.json"),
     ("/dev/zero", "larger than 1 MiB"),
     ("missing.json", "cannot read model config missing.json: No such file or directory"),
 ])

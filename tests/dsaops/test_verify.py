@@ -216,6 +216,22 @@ def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
     assert "comma-separated" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content, says", [
+    ("[" * 100_000, "is not JSON (it nests deeper than the parser follows): record one with --record FILE"),
+    ('{"answers": {"capital-zh": 5}}', "has no \"answers\" object of probe names to answer strings"),
+    ('{"answers": ["北京"]}', "has no \"answers\" object of probe names to answer strings"),
+])
+def test_a_reference_that_is_not_one_is_refused_before_any_probe(server, capsys, tmp_path, content, says):
+    """A nesting past the parser's limit was a RecursionError traceback; an answer that is no string was an
+    AttributeError in the probe, after the run."""
+    url, srv = server()
+    (tmp_path / "r.json").write_text(content)
+    assert main(["verify", "--server-url", url, "--niah-depths", "", "--reference", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsaops verify: the reference {tmp_path / 'r.json'} ") and says in err, err
+    assert len(err.splitlines()) == 1 and srv.prompts == []
+
+
 def test_a_depth_past_the_bound_is_refused_before_any_probe(server, capsys):
     """A depth is a prompt built in memory: 10**12 tokens asked for 4 TB before the server could refuse it."""
     from dsaops.verify import MAX_NIAH_DEPTH

@@ -104,7 +104,7 @@ def test_dsaops_asked_for_on_gfx942_still_has_no_kernels(capsys, monkeypatch):
     (["--target", "sm_90"], {"DSAOPS_DECODE": "fast"}, "DSAOPS_DECODE='fast': set it to auto, dsaops or sglang"),
     (["--target", "sm_99"], {}, "unknown target 'sm_99'"),
     (["--target", "sm_90", "--heads", "0"], {}, "--heads must be >= 1"),
-    (["--target", "sm_90", "--selftest", "/nonexistent/v.json"], {}, "/nonexistent/v.json: not a readable verdict"),
+    (["--target", "sm_90", "--selftest", "/nonexistent/v.json"], {}, "cannot read selftest verdict /nonexistent/v.json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, args, env, message):
     for name, value in env.items():
@@ -120,7 +120,7 @@ def test_the_heads_move_the_measured_threshold(capsys):
 
 
 @pytest.mark.parametrize("broken", [
-    "{", "[]", '{"gpu": {}}',
+    "{", "[]", '{"gpu": {}}', "[" * 100_000,
     json.dumps({"gpu": {}, "target": "sm_121", "kernels": "x", "heads": 64, "batch_sizes": [1], "correct": True,
                 "speedup": {"1": 2.0}, "decision": {"kernel": "dsaops", "min_batch": 0, "reason": "selftest_passed"}}),
 ])
