@@ -22,9 +22,12 @@ from dsaops.sglang_patches import atomic_files
 from dsaops.sglang_patches.series import Series
 from dsaops.sglang_patches.unidiff import PatchError, apply_hunks, utf8
 
-from dsaops import pins
+from dsaops import pins, plan_input
 
 MARKER = "sglang/.dsaops-patches.json"
+# a damaged marker: without one, `state` tells each file by its content (pristine, interrupted or foreign)
+_NOT_OURS = ("dsaops did not write it, or it was damaged; delete it, then `dsaops patches status` tells each file "
+             "by its content")
 
 
 class TreeError(Exception):
@@ -148,20 +151,18 @@ def _marker_path(root: Path) -> Path:
 
 
 def read_marker(root: Path) -> dict | None:
+    """The marker; None without one; ValueError (ending in what to do) for one this tool did not write."""
     path = _marker_path(root)
     if not path.is_file():
         return None
-    try:
-        marker = json.loads(path.read_bytes())
-    except ValueError:
-        marker = None
-    if not isinstance(marker, dict) or not isinstance(marker.get("files"), dict):
-        return {}  # not one this tool wrote: foreign
-    return marker
+    return plan_input.read_json(path, "marker", fix=_NOT_OURS, error=ValueError)
 
 
 def state(root: Path, series: Series) -> State:
-    marker = read_marker(root)
+    try:
+        marker = read_marker(root)
+    except ValueError as e:
+        return State("foreign", str(e), {})
     if marker is None:
         try:
             found = files(root, series)
@@ -173,12 +174,13 @@ def state(root: Path, series: Series) -> State:
         return State("interrupted", f"no marker, but {len(patched)} of {len(found)} files carry the series and the "
                                     "rest are as shipped: an apply or revert stopped half way; run `dsaops patches "
                                     "apply` to finish it or `dsaops patches revert` to undo it", files=found)
-    if not marker:
-        return State("foreign", f"marker {MARKER} is not a JSON object with the series hash and the files: "
-                                "dsaops did not write it", marker)
+    if not isinstance(marker.get("files"), dict):
+        return State("foreign", f"marker {MARKER} has no \"files\" object: {_NOT_OURS}", marker)
     if marker.get("series_sha256") != series.sha256:
-        return State("foreign", f"marker {MARKER} is from another series (sha256 {marker.get('series_sha256')}, "
+        return State("foreign", f"marker {MARKER} is from another series (sha256 {marker.get('series_sha256')!r}, "
                                 f"this series {series.sha256})", marker)
+    if set(marker["files"]) != set(series.targets):   # apply records every target, and only those
+        return State("foreign", f"marker {MARKER} names other files than the series touches: {_NOT_OURS}", marker)
     changed = []
     for rel, h in marker["files"].items():
         path = _inside(root, rel)

@@ -205,3 +205,28 @@ def test_a_marker_that_is_not_one_reads_as_foreign(root, text, capsys):
         assert patches(action, root=root) == 2
         assert "refusing to" in capsys.readouterr().err
     assert tree_hash(root) == before
+
+
+@pytest.mark.parametrize("damage", ["nested", "nul in a file name", "a file the series does not touch"])
+def test_a_damaged_marker_is_foreign_and_says_what_to_do(root, series, damage, capsys):
+    assert patches("apply", root=root) == 0
+    capsys.readouterr()
+    marker = root / tree.MARKER
+    recorded = json.loads(marker.read_text())
+    if damage == "nested":
+        marker.write_text("[" * 100_000)
+    else:
+        name = "sglang/a\0b.py" if damage.startswith("nul") else "sglang/__init__.py"
+        recorded["files"][name] = recorded["files"].pop(OVERRIDES)
+        marker.write_text(json.dumps(recorded))
+    before = tree_hash(root)
+    assert patches("status", root=root) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("foreign: marker ") and "delete it" in out and len(out.splitlines()) == 1, out + err
+    for action in ("revert", "apply"):
+        assert patches(action, root=root) == 2
+        err = capsys.readouterr().err
+        assert "refusing to" in err and "delete it" in err and len(err.splitlines()) == 1, err
+    assert tree_hash(root) == before
+    marker.unlink()   # what the message says: the files are then told by their content
+    assert patches("revert", root=root) == 0
