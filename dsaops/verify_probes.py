@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 
 from dsaops.api_key import headers as api_key_headers
+from dsaops.plan_input import parse_json
 
 # (id, prompt, expected answer). The first three are the parity prompts of the 8xH20 report.
 PROMPTS = (
@@ -66,6 +67,12 @@ class ProbeError(Exception):
 
 # ---------------------------------------------------------------- HTTP client
 
+def printable(text: str) -> str:
+    """`text` with each control or other unprintable character escaped as repr writes it: a server's
+    words reach the terminal, where ESC [ ... would recolour, move or retitle it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _request(url: str, payload: dict | None, timeout: float, api_key: str | None = None) -> dict:
     data = json.dumps(payload).encode() if payload is not None else None
     headers = ({"Content-Type": "application/json"} if data else {}) | api_key_headers(api_key)
@@ -74,21 +81,21 @@ def _request(url: str, payload: dict | None, timeout: float, api_key: str | None
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
-        raise ProbeError("error", f"HTTP {e.code}: {e.read()[:300].decode(errors='replace').strip()}") from None
+        raise ProbeError("error", f"HTTP {e.code}: {printable(e.read()[:300].decode(errors='replace').strip())}") from None
     except TimeoutError:
         raise ProbeError("timeout", f"no answer within {timeout:g} s") from None
     except urllib.error.URLError as e:
         if isinstance(e.reason, TimeoutError):
             raise ProbeError("timeout", f"no answer within {timeout:g} s") from None
-        raise ProbeError("error", f"cannot connect: {e.reason}") from None
+        raise ProbeError("error", f"cannot connect: {printable(str(e.reason))}") from None
     except (http.client.RemoteDisconnected, ConnectionError, http.client.IncompleteRead) as e:
-        raise ProbeError("error", f"connection dropped: {type(e).__name__}: {e}") from None
+        raise ProbeError("error", f"connection dropped: {type(e).__name__}: {printable(str(e))}") from None
     except (ValueError, http.client.InvalidURL) as e:  # a URL urllib cannot use: scheme, port, host, a space
         raise ProbeError("error", f"bad URL {url}: {e}") from None
     except http.client.HTTPException as e:  # something else listens there, e.g. SSH's banner
-        raise ProbeError("error", f"not an HTTP answer: {type(e).__name__}: {e}") from None
+        raise ProbeError("error", f"not an HTTP answer: {type(e).__name__}: {printable(str(e))}") from None
     try:
-        return json.loads(body)
+        return parse_json(body)
     except ValueError:
         raise ProbeError("error", f"unreadable reply: {body[:200]!r}") from None
 
@@ -102,9 +109,13 @@ def server_model(server_url: str, timeout: float, api_key: str | None = None) ->
     """The first model the server lists (/v1/models)."""
     reply = get_json(server_url.rstrip("/") + "/v1/models", timeout, api_key)
     try:
-        return reply["data"][0]["id"]
+        model = reply["data"][0]["id"]
     except (KeyError, IndexError, TypeError):
         raise ProbeError("error", f"/v1/models lists no model: {str(reply)[:200]}") from None
+    if not isinstance(model, str) or not model or not model.isprintable():
+        raise ProbeError("error", f"/v1/models names its first model {str(model)[:200]!r}, not a printable id; "
+                                  "pass --model")
+    return model
 
 
 def chat(server_url: str, model: str, prompt: str, *, max_tokens: int, timeout: float,

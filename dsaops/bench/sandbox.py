@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsaops.bench import bounded
+from dsaops.verify_probes import printable
 
 NOBODY = 65534
 OUTPUT_LIMIT = 1 << 20       # bytes a program may write to stdout and stderr together
@@ -130,8 +131,8 @@ def run_python(code: str, *, timeout: float, memory_mb: int, mode: str | None = 
 
 def _outcome(rc: int | None, text: str, seconds: float, timeout: float, flooded: bool) -> Outcome:
     """Python ignores SIGXFSZ: a write past the file-size limit raises instead, so a flood is told
-    by the output's size."""
-    last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")[:300]
+    by the output's size. The last line is the generated code's: printed escaped."""
+    last = printable(next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")[:300])
     if rc is None or rc == -signal.SIGXCPU:
         return Outcome("timeout", f"stopped after {timeout:g} s", seconds)
     if "MemoryError" in last:

@@ -72,6 +72,12 @@ def test_a_program_within_its_limits_passes(mode):
     assert (outcome.status, outcome.detail) == ("passed", "ok")
 
 
+def test_a_terminal_escape_in_the_last_line_is_shown_escaped():
+    """The last line is the generated code's, printed in bench eval's progress and table."""
+    outcome = run("print('\\x1b]0;pwned\\x07\\x1b[2J')\nraise SystemExit(1)\n", "sockets")
+    assert (outcome.status, outcome.detail) == ("failed", "\\x1b]0;pwned\\x07\\x1b[2J")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_an_infinite_loop_is_stopped(mode):
     started = time.monotonic()

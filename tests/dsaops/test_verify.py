@@ -185,6 +185,38 @@ def test_a_server_that_is_not_http_is_an_error(capsys):
     assert "not an HTTP answer" in report["probes"][0]["detail"]
 
 
+def _answering(response: bytes) -> str:
+    """The URL of a listener that answers every request with these raw bytes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer():
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(response)
+    threading.Thread(target=answer, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def _http(status: str, body: bytes) -> bytes:
+    return f"HTTP/1.0 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+@pytest.mark.parametrize("response, says", [
+    (b"\x1b]0;pwned\x07\x1b[2J\r\n", "not an HTTP answer: BadStatusLine: \\x1b]0;pwned\\x07\\x1b[2J"),
+    (_http("500 Oops", "\x1b[2J\x9b31m gone".encode()), "HTTP 500: \\x1b[2J\\x9b31m gone"),
+    (_http("200 OK", b"[" * 100_000), "unreadable reply: b'[[[["),
+    (_http("200 OK", json.dumps({"data": [{"id": "\x1b[2Jglm"}]}).encode()), "not a printable id; pass --model"),
+])
+def test_what_a_server_says_reaches_the_terminal_escaped(capsys, response, says):
+    """A terminal escape in a reply used to be printed as is (a server could clear or retitle the screen);
+    a reply nested past the parser's limit was a RecursionError traceback."""
+    assert main(["verify", "--server-url", _answering(response), "--niah-depths", ""]) == 1
+    out, err = capsys.readouterr()
+    assert says in out and not any(c in out + err for c in "\x1b\x07\x9b"), out + err
+
+
 def test_record_then_compare_with_the_reference(server, capsys, tmp_path):
     ref = tmp_path / "reference.json"
     url, _ = server()
