@@ -9,15 +9,18 @@ vocabulary: request, dp_split, kv, mamba.
 """
 from __future__ import annotations
 
-import json
+import http.client
+import math
 import re
 import urllib.request
 from dataclasses import dataclass
 
-from dsaops import concurrency
+from dsaops import concurrency, plan_input
 from dsaops.errors import UserError
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
+EXPOSITION_MOST = 16 << 20   # a head node exporter's /metrics is tens of KiB
+RANKS_MOST = 1 << 16   # DP ranks of a deployment: far above any cluster; the cap keeps a list entry each
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -68,36 +71,57 @@ def from_exporter_metrics(text: str) -> Cap | None:
             continue
         labels = dict(_LABEL.findall(m["labels"]))
         if m["name"] == "dsa_max_running_requests" and labels.get("scope") == "effective":
-            effective[labels.get("dp_rank", "")] = int(float(m["value"]))
+            rank = labels.get("dp_rank", "")
+            effective[rank] = _requests(m["value"], rank)
         elif m["name"] == "dsa_concurrency_capped" and float(m["value"]) == 1:
             capped.append("request" if labels.get("by") == "none" else labels.get("by", ""))
     if not effective:
         return None
-    per_dp = [effective[k] for k in sorted(effective, key=lambda k: int(k) if k.isdigit() else -1)]
+    per_dp = [effective[k] for k in sorted(effective, key=lambda k: int(k) if re.fullmatch(r"[0-9]{1,12}", k) else -1)]
     return Cap(sum(per_dp), per_dp, _most_common(capped), "exporter")
 
 
 def from_plan(path: str) -> Cap:
     """`max_running_requests_per_dp` x attention-DP ranks x replicas, and `binding_limit`."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            plan = json.load(f)
-        per_dp = int(plan["max_running_requests_per_dp"])
-        binding = str(plan["binding_limit"])
-        par = plan.get("parallel") or {}
-        ranks = int(par.get("attn_dp_size") or 1) * int(par.get("dp_size") or 1)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--plan {path}: cannot read max_running_requests_per_dp and binding_limit ({e}); "
-                        "give the output of `dsaops plan ... --json`") from None
-    if per_dp <= 0 or binding not in concurrency.BINDING_LIMITS:
-        raise UserError(f"--plan {path}: max_running_requests_per_dp {per_dp} and binding_limit {binding!r} "
-                        f"are not a plan's (binding one of {', '.join(concurrency.BINDING_LIMITS)})")
+    fix = "give the output of `dsaops plan ... --json`"
+    plan = plan_input.read_json(path, "--plan", fix=fix)
+    par = plan.get("parallel", {})
+    if not isinstance(par, dict):
+        raise UserError(f"--plan {path}: \"parallel\" is not an object; {fix}")
+    per_dp = plan_input.whole(plan.get("max_running_requests_per_dp"), f"--plan {path}: max_running_requests_per_dp")
+    ranks = (plan_input.whole(par.get("attn_dp_size", 1), f"--plan {path}: parallel.attn_dp_size", most=RANKS_MOST)
+             * plan_input.whole(par.get("dp_size", 1), f"--plan {path}: parallel.dp_size", most=RANKS_MOST))
+    if ranks > RANKS_MOST:
+        raise UserError(f"--plan {path}: {ranks} DP ranks (attn_dp_size x dp_size) are more than {RANKS_MOST}; {fix}")
+    binding = plan.get("binding_limit")
+    if binding not in concurrency.BINDING_LIMITS:
+        raise UserError(f"--plan {path}: binding_limit {plan_input.shown(binding)} is not one of "
+                        f"{', '.join(concurrency.BINDING_LIMITS)}; {fix}")
     return Cap(per_dp * ranks, [per_dp] * ranks, binding, f"plan ({per_dp} per DP rank x {ranks})")
 
 
+def _requests(value: str, rank: str) -> int:
+    """A dsa_max_running_requests sample's value; ValueError for +Inf, NaN, a fraction or a negative."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number == int(number) and 0 <= number <= plan_input.INT_MOST):
+        raise ValueError(f"dsa_max_running_requests of dp_rank {plan_input.shown(rank)} is {plan_input.shown(value)}, "
+                         "not a number of requests")
+    return int(number)
+
+
 def read_exporter(url: str, timeout: float) -> Cap | None:
-    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as r:
-        return from_exporter_metrics(r.read().decode(errors="replace"))
+    """The exporter's cap; OSError or ValueError when it cannot say."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as r:
+            text = r.read(EXPOSITION_MOST + 1)
+    except http.client.HTTPException as e:  # something else listens there
+        raise ValueError(f"not an HTTP answer: {type(e).__name__}: {e}") from None
+    if len(text) > EXPOSITION_MOST:
+        raise ValueError(f"/metrics is larger than {EXPOSITION_MOST >> 20} MiB: not a dsaops exporter")
+    return from_exporter_metrics(text.decode(errors="replace"))
 
 
 def _most_common(values: list[str]) -> str | None:

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
     s = what.add_parser("serve", help="TTFT, TPOT and throughput per concurrency; the knee against the caps")
     _common(s)
     s.add_argument("--plan", help="`dsaops plan --json` output: its max_running_requests_per_dp and binding_limit")
-    s.add_argument("--exporter-url", help="the head node's dsaops exporter, e.g. http://HEAD:9860 (what binds, "
+    s.add_argument("--exporter-url", type=http_url, help="the head node's dsaops exporter, e.g. http://HEAD:9860 (what binds, "
                    "from the log on a pristine server)")
     s.add_argument("--concurrency", help="comma-separated levels, e.g. 1,2,4,8 (default: powers of two up to twice "
                    f"the server's running-request cap, else to {DEFAULT_TOP})")
@@ -167,7 +167,7 @@ def server_cap(url: str, key: str | None, exporter_url: str | None):
             exported = capacity.read_exporter(exporter_url, timeout=10)
         except (OSError, ValueError) as e:
             exported = None
-            progress(f"exporter {exporter_url}: {e}: using /server_info alone")
+            progress(f"exporter {exporter_url}: {vp.printable(str(e))}: using /server_info alone")
         if exported and server:
             server = capacity.Cap(server.total, server.per_dp, exported.binding or server.binding,
                                   f"{server.source}; binding from the exporter")

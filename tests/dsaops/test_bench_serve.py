@@ -15,6 +15,7 @@ from dsaops import pins
 from dsaops.cli import main
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
+from tests.support.raw_http import answering, http_response
 
 CAP = 4
 LEVELS = [1, 2, 4, 8, 16]
@@ -154,7 +155,7 @@ def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, t
     (["--server-url", "{url}", "--concurrency", "4,2"], "must rise without repeats"),
     (["--server-url", "{url}", "--concurrency", "0,1"], "must be 1 or more"),
     (["--server-url", "{url}", "--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key: No such file"),
-    (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "--plan /nonexistent/plan.json: cannot read"),
+    (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "cannot read --plan /nonexistent/plan.json"),
     (["--server-url", "{url}", "--plot", "/nonexistent/sweep.png"], "--plot /nonexistent/sweep.png: cannot write"),
     (["--server-url", "{url}"], "needs the model's tokenizer: pass --tokenizer"),
 ])
@@ -168,8 +169,23 @@ def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("response, says", [
+    (http_response("200 OK", b'dsa_max_running_requests{dp_rank="0",scope="effective"} +Inf\n'),
+     "dsa_max_running_requests of dp_rank '0' is '+Inf', not a number of requests: using /server_info alone"),
+    (b"\x1b[2J\r\n", "not an HTTP answer: BadStatusLine: \\x1b[2J\\r\\n: using /server_info alone"),
+])
+def test_an_exporter_that_says_no_cap_leaves_the_servers(standin, with_generator, tokenizer_dir, capsys, response,
+                                                         says):
+    """+Inf from an exporter was an OverflowError traceback, a non-HTTP answer an HTTPException one."""
+    rc = main(["bench", "serve", "--server-url", standin(), "--exporter-url", answering(response), "--tokenizer",
+               tokenizer_dir, "--concurrency", "1", "--duration", "1", "--input-len", "8", "--output-len", "4"])
+    err = capsys.readouterr().err
+    assert rc == 0 and says in err and "\x1b" not in err, err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--server-url", "localhost:30000"], "is not an http(s) URL"),
+    (["--server-url", "http://h:1", "--exporter-url", "h:9860"], "--exporter-url: 'h:9860' is not an http(s) URL"),
     (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
     (["--server-url", "http://h:1", "--duration", "0"], "--duration: must be a positive number of seconds"),
     (["--server-url", "http://h:1", "--timeout", "nan"], "--timeout: must be a positive number of seconds"),
@@ -180,6 +196,30 @@ def test_bad_arguments_are_refused_before_the_sweep(argv, says, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
     assert err.startswith("dsaops bench serve: argument ") and says in err.splitlines()[0], err
+
+
+@pytest.mark.parametrize("content, says", [
+    ("[" * 100_000, "is not JSON (it nests deeper than the parser follows)"),
+    ('{"max_running_requests_per_dp": 1e400, "binding_limit": "kv"}', "max_running_requests_per_dp must be a whole"),
+    ('{"max_running_requests_per_dp": "4", "binding_limit": "kv"}', "max_running_requests_per_dp must be a whole"),
+    ('{"max_running_requests_per_dp": true, "binding_limit": "kv"}', "max_running_requests_per_dp must be a whole"),
+    ('{"max_running_requests_per_dp": 4, "binding_limit": "kv", "parallel": {"attn_dp_size": -2}}',
+     "parallel.attn_dp_size must be positive, not -2"),
+    ('{"max_running_requests_per_dp": 4, "binding_limit": "kv", "parallel": {"attn_dp_size": 1000000000000}}',
+     "parallel.attn_dp_size must be at most 65536"),
+    ('{"max_running_requests_per_dp": 4, "binding_limit": "kv", "parallel": {"attn_dp_size": 4096, "dp_size": 4096}}',
+     "16777216 DP ranks (attn_dp_size x dp_size) are more than 65536"),
+    ('{"max_running_requests_per_dp": 4, "binding_limit": "kv", "parallel": [1]}', '"parallel" is not an object'),
+    ('{"max_running_requests_per_dp": 4, "binding_limit": ["kv"]}', "binding_limit ['kv'] is not one of request"),
+])
+def test_a_plan_that_is_not_one_is_refused_before_the_sweep(tmp_path, capsys, content, says):
+    """These were tracebacks (RecursionError, OverflowError, a MemoryError building a list of 10**12
+    ranks) or were taken as numbers (a string, true)."""
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    assert main(["bench", "serve", "--server-url", f"http://127.0.0.1:{free_port()}", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dsaops bench: --plan {path}") and says in err and len(err.splitlines()) == 1, err
 
 
 def test_without_the_load_generator_it_says_how_to_get_it(standin, tokenizer_dir, capsys):

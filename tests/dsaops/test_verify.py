@@ -13,6 +13,7 @@ from dsaops import verify_probes as vp
 from dsaops.cli import main
 from tests.support.json_http import JsonHandler
 from tests.support.ports import free_port
+from tests.support.raw_http import answering, http_response
 
 EXPECTED = {prompt: expected for _, prompt, expected in vp.PROMPTS}
 NEEDLE = re.compile(r"The secret passphrase is (\S+)\.")
@@ -185,34 +186,16 @@ def test_a_server_that_is_not_http_is_an_error(capsys):
     assert "not an HTTP answer" in report["probes"][0]["detail"]
 
 
-def _answering(response: bytes) -> str:
-    """The URL of a listener that answers every request with these raw bytes."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer():
-        while True:
-            conn, _ = listener.accept()
-            with conn:
-                conn.recv(65536)
-                conn.sendall(response)
-    threading.Thread(target=answer, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}"
-
-
-def _http(status: str, body: bytes) -> bytes:
-    return f"HTTP/1.0 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-
-
 @pytest.mark.parametrize("response, says", [
     (b"\x1b]0;pwned\x07\x1b[2J\r\n", "not an HTTP answer: BadStatusLine: \\x1b]0;pwned\\x07\\x1b[2J"),
-    (_http("500 Oops", "\x1b[2J\x9b31m gone".encode()), "HTTP 500: \\x1b[2J\\x9b31m gone"),
-    (_http("200 OK", b"[" * 100_000), "unreadable reply: b'[[[["),
-    (_http("200 OK", json.dumps({"data": [{"id": "\x1b[2Jglm"}]}).encode()), "not a printable id; pass --model"),
+    (http_response("500 Oops", "\x1b[2J\x9b31m gone".encode()), "HTTP 500: \\x1b[2J\\x9b31m gone"),
+    (http_response("200 OK", b"[" * 100_000), "unreadable reply: b'[[[["),
+    (http_response("200 OK", json.dumps({"data": [{"id": "\x1b[2Jglm"}]}).encode()), "not a printable id; pass --model"),
 ])
 def test_what_a_server_says_reaches_the_terminal_escaped(capsys, response, says):
     """A terminal escape in a reply used to be printed as is (a server could clear or retitle the screen);
     a reply nested past the parser's limit was a RecursionError traceback."""
-    assert main(["verify", "--server-url", _answering(response), "--niah-depths", ""]) == 1
+    assert main(["verify", "--server-url", answering(response), "--niah-depths", ""]) == 1
     out, err = capsys.readouterr()
     assert says in out and not any(c in out + err for c in "\x1b\x07\x9b"), out + err
 
