@@ -1,16 +1,19 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
-import it): an http(s) server URL and a number of seconds as argparse types, and an output path
-that must be writable, or a folder that can be made, before a long run starts.
+import it): an http(s) server URL, a number of seconds and a bounded whole number as argparse
+types, comma-separated whole numbers, and an output path that must be writable, or a folder that
+can be made, before a long run starts.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import re
 import urllib.parse
 from pathlib import Path
 
 from dsaops.errors import UserError
+from dsaops.plan_input import shown
 
 MAX_SECONDS = 1_000_000   # about 11 days; far longer overflows the socket and thread timeouts
 
@@ -52,6 +55,30 @@ def seconds_up_to(most: float, least: float = 0.0):
 
 
 seconds = seconds_up_to(MAX_SECONDS)
+
+
+def _digits(text: str) -> int | None:
+    """`text` as a whole number if it is 1 to 12 ASCII digits: int() also takes '٣', '1_000' and 4,000 digits."""
+    return int(text) if re.fullmatch(r"[0-9]{1,12}", text) else None
+
+
+def whole_up_to(most: int, least: int = 1):
+    """argparse type: a whole number from `least` to `most`."""
+    def parse(text: str) -> int:
+        value = _digits(text)
+        if value is None or not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {least} to {most}, got {shown(text)}")
+        return value
+    return parse
+
+
+def whole_numbers(text: str, flag: str, example: str) -> list[int]:
+    """Comma-separated whole numbers (spaces ignored); UserError naming `flag` and an example otherwise."""
+    words = [w for w in text.replace(" ", "").split(",") if w]
+    values = [_digits(w) for w in words]
+    if None in values:
+        raise UserError(f"{flag} takes comma-separated whole numbers, e.g. {example}; got {shown(text)}")
+    return values
 
 
 def can_write_in(folder: Path) -> bool:

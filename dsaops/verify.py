@@ -12,8 +12,9 @@ import json
 import sys
 from collections.abc import Sequence
 
-from dsaops.cli_args import http_url, seconds, writable
+from dsaops.cli_args import MAX_SECONDS, http_url, seconds, whole_numbers, whole_up_to, writable
 from dsaops.errors import UserError
+from dsaops.plan_input import INT_MOST
 
 DEFAULT_NIAH_DEPTHS = "16384,49152,131072"
 
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
     ref.add_argument("--record", help="write this run's answers as a reference (JSON)")
     p.add_argument("--niah-depths", default=DEFAULT_NIAH_DEPTHS,
                    help=f"needle depths in approximate tokens, comma-separated; '' for none (default {DEFAULT_NIAH_DEPTHS})")
-    p.add_argument("--max-tokens", type=int, default=2048, help="per answer (reasoning models think first)")
+    p.add_argument("--max-tokens", type=whole_up_to(INT_MOST), default=2048, help="per answer (reasoning models think first)")
     p.add_argument("--timeout", type=seconds, default=180.0, help="seconds per answer probe")
     p.add_argument("--niah-timeout-per-ktok", type=seconds, default=4.0,
                    help="needle probes get --timeout plus this many seconds per 1000 tokens of depth")
@@ -71,6 +72,10 @@ def run(args) -> int:
     if not args.server_url:
         raise UserError("--server-url is required (or use `dsaops verify boot-gate`)")
     depths = _depths(args.niah_depths)
+    longest = args.timeout + max(depths, default=0) / 1000 * args.niah_timeout_per_ktok
+    if longest > MAX_SECONDS:  # a socket timeout past time_t is an OverflowError mid-run
+        raise UserError(f"--timeout plus --niah-timeout-per-ktok per 1000 tokens of the deepest needle comes to "
+                        f"{longest:.0f} s, more than {MAX_SECONDS}; lower one of them")
     reference = _read_reference(args.reference) if args.reference else None
     if args.record:
         writable("--record", args.record)
@@ -132,11 +137,7 @@ def _report(args, model, results) -> int:
 
 
 def _depths(text: str) -> list[int]:
-    try:
-        depths = [int(d) for d in text.replace(" ", "").split(",") if d]
-    except ValueError:
-        raise UserError(f"--niah-depths takes comma-separated token counts, e.g. {DEFAULT_NIAH_DEPTHS}; "
-                        f"got {text!r}") from None
+    depths = whole_numbers(text, "--niah-depths", DEFAULT_NIAH_DEPTHS)
     if any(d < 64 for d in depths):
         raise UserError("each --niah-depths value must be at least 64 tokens")
     if any(d > MAX_NIAH_DEPTH for d in depths):

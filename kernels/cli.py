@@ -17,8 +17,10 @@ from dsaops.kernels import route, selftest
 from dsaops.kernels.build import build
 
 from dsaops import pins
-from dsaops.cli_args import can_write_in
+from dsaops.cli_args import can_write_in, whole_up_to
 from dsaops.errors import UserError
+
+JOBS_MOST = 256   # compiler processes: more than any host has cores
 
 
 def add_parser(sub) -> None:
@@ -28,7 +30,8 @@ def add_parser(sub) -> None:
     c.add_argument("--target", required=True, help="a name from `dsaops targets` (sm_90, sm_121)")
     c.add_argument("--cache-dir", help="TILELANG_CACHE_DIR for the compiled kernels "
                                        "(default $DSAOPS_CACHE/tilelang)")
-    c.add_argument("--jobs", type=int, default=None, help="parallel compiler processes (default: CPU count)")
+    c.add_argument("--jobs", type=whole_up_to(JOBS_MOST), default=None,
+                   help=f"parallel compiler processes, 1 to {JOBS_MOST} (default: CPU count)")
     c.add_argument("--ptxas", action="store_true",
                    help="also report registers, spills and serialized wgmma (one more nvcc run a kernel)")
     c.add_argument("--skip-unsupported", action="store_true",
@@ -70,8 +73,6 @@ def run_compile(args) -> int:
     if target.vendor != "nvidia":
         raise UserError(f"{args.target} is not an NVIDIA target; `dsaops kernels compile` takes "
                         f"{', '.join(n for n, t in targets.table().items() if t.vendor == 'nvidia')}")
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     # checked before compiling: TileLang would fail on it only after a first round of compiles
     if args.cache_dir and not can_write_in(Path(args.cache_dir)):
         raise UserError(f"--cache-dir {args.cache_dir} is not a folder you may write to or create; give one that is")

@@ -12,10 +12,14 @@ import sys
 import tempfile
 
 from dsaops import api_key
-from dsaops.cli_args import http_url, seconds, writable
+from dsaops.cli_args import http_url, seconds, whole_numbers, whole_up_to, writable
 from dsaops.errors import UserError
+from dsaops.plan_input import INT_MOST
 
 DEFAULT_TOP = 256   # the sweep's last level when the server's cap is unknown
+EXEC_MEMORY_MOST_MB = 1 << 20   # 1 TiB of address space a solution may use: more than any host has
+EVAL_CONCURRENCY_MOST = 1024    # a thread each
+count = whole_up_to(INT_MOST)   # tokens, requests, problems
 
 
 def add_parser(sub) -> None:
@@ -29,10 +33,10 @@ def add_parser(sub) -> None:
                    "from the log on a pristine server)")
     s.add_argument("--concurrency", help="comma-separated levels, e.g. 1,2,4,8 (default: powers of two up to twice "
                    f"the server's running-request cap, else to {DEFAULT_TOP})")
-    s.add_argument("--input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
-    s.add_argument("--output-len", type=int, default=256, help="output tokens per request (default 256)")
+    s.add_argument("--input-len", type=count, default=1024, help="prompt tokens per request (default 1024)")
+    s.add_argument("--output-len", type=count, default=256, help="output tokens per request (default 256)")
     s.add_argument("--duration", type=seconds, default=60.0, help="seconds of load per level, roughly (default 60)")
-    s.add_argument("--max-requests", type=int, default=5000, help="requests per level at most (default 5000)")
+    s.add_argument("--max-requests", type=count, default=5000, help="requests per level at most (default 5000)")
     s.add_argument("--timeout", type=seconds, help="seconds a level may take before it is stopped "
                    "(default 3 x --duration + 120)")
     s.add_argument("--tokenizer", help="the model's tokenizer folder (default: /server_info's tokenizer_path, "
@@ -42,16 +46,17 @@ def add_parser(sub) -> None:
     e = what.add_parser("eval", help="pass@1 on HumanEval, generated code run sandboxed; against a reference run")
     _common(e)
     e.add_argument("--task", required=True, choices=["humaneval"])
-    e.add_argument("--limit", type=int, help="the first N problems only")
+    e.add_argument("--limit", type=count, help="the first N problems only")
     ref = e.add_mutually_exclusive_group()
     ref.add_argument("--reference", help="compare with this recorded run (JSON from --record), per problem")
     ref.add_argument("--record", help="write this run here, as a reference for later runs")
-    e.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
-    e.add_argument("--max-tokens", type=int, default=4096, help="per answer; reasoning models think first "
+    e.add_argument("--concurrency", type=whole_up_to(EVAL_CONCURRENCY_MOST), default=8, help="requests in flight (default 8)")
+    e.add_argument("--max-tokens", type=count, default=4096, help="per answer; reasoning models think first "
                    "(default 4096)")
     e.add_argument("--timeout", type=seconds, default=600.0, help="seconds per answer (default 600)")
     e.add_argument("--exec-timeout", type=seconds, default=10.0, help="seconds a solution's tests may run (default 10)")
-    e.add_argument("--exec-memory-mb", type=int, default=1024, help="address space a solution may use (default 1024)")
+    e.add_argument("--exec-memory-mb", type=whole_up_to(EXEC_MEMORY_MOST_MB), default=1024,
+                   help="address space a solution may use, in MiB (default 1024)")
     e.set_defaults(func=run_eval)
 
 
@@ -66,18 +71,8 @@ def progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def positive(name: str, value, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or value <= 0:
-        raise UserError(f"--{name} must be positive, not {value}")
-
-
 def concurrency_levels(text: str) -> list[int]:
-    try:
-        levels = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise UserError(f"--concurrency takes comma-separated whole numbers, e.g. 1,2,4,8; got {text!r}") from None
+    levels = whole_numbers(text, "--concurrency", "1,2,4,8")
     if not levels or any(v < 1 for v in levels):
         raise UserError(f"--concurrency levels must be 1 or more, e.g. 1,2,4,8; got {text!r}")
     if levels != sorted(set(levels)):
@@ -108,8 +103,6 @@ def run_serve(args) -> int:
     from dsaops.bench import capacity, generator, plot, serve_report, sweep
 
     url = args.server_url
-    for name in ("input_len", "output_len", "max_requests"):
-        positive(name.replace("_", "-"), getattr(args, name))
     levels = concurrency_levels(args.concurrency) if args.concurrency is not None else None
     plan = capacity.from_plan(args.plan) if args.plan else None
     if args.plot:
@@ -189,9 +182,6 @@ def run_eval(args) -> int:
     from dsaops.bench import eval_run, humaneval
 
     url = args.server_url
-    for name in ("concurrency", "max_tokens", "exec_memory_mb"):
-        positive(name.replace("_", "-"), getattr(args, name))
-    positive("limit", args.limit, allow_none=True)
     reference = eval_run.read_record(args.reference, args.task) if args.reference else None
     if args.record:
         writable("--record", args.record)

@@ -85,7 +85,6 @@ def test_a_silent_server_is_bounded(standin, capsys):
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--limit", "0"], "--limit must be positive"),
     (["--reference", "/nonexistent.json"], "cannot read the reference /nonexistent.json"),
     (["--reference", "{other}"], "is a 'gsm8k' run, not 'humaneval'"),
     (["--reference", "{deep}"], "is not JSON (it nests deeper than the parser follows): record one with --record"),
@@ -108,6 +107,7 @@ def test_bad_input_is_one_line_and_exit_2(standin, tmp_path, capsys, extra, mess
     (["--server-url", "http://[::1"], "Invalid IPv6 URL"),
     (["--server-url", "http://h:1", "--timeout", "nan"], "--timeout: must be a positive number of seconds"),
     (["--server-url", "http://h:1", "--exec-timeout", "inf"], "--exec-timeout: must be a positive number of seconds"),
+    (["--server-url", "http://h:1", "--limit", "0"], "--limit: must be a whole number from 1 to 2147483647, got '0'"),
 ])
 def test_bad_arguments_are_refused_before_any_problem_is_asked(extra, says, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -30,6 +30,15 @@ def test_every_subcommand_says_what_it_does():
     (["image", "plan", "--arch", "sm_90", "--stage", "nope"], "argument --stage: invalid choice", "dsaops image plan"),
     (["kernels", "supports", "--heads", "x"], "argument --heads: invalid int value: 'x'", "dsaops kernels supports"),
     (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'", "dsaops"),
+    # int() took these: 10**12 compiler processes, 1 TiB x 10**6 of address space, an Arabic-Indic 3
+    (["kernels", "compile", "--target", "sm_90", "--jobs", "1000000000000"],
+     "argument --jobs: must be a whole number from 1 to 256, got '1000000000000'", "dsaops kernels compile"),
+    (["bench", "eval", "--server-url", "http://h:1", "--task", "humaneval", "--exec-memory-mb", "1099511627776"],
+     "argument --exec-memory-mb: must be a whole number from 1 to 1048576", "dsaops bench eval"),
+    (["verify", "--server-url", "http://h:1", "--max-tokens", "\u0663"],
+     "argument --max-tokens: must be a whole number from 1 to 2147483647, got '\u0663'", "dsaops verify"),
+    (["bench", "serve", "--server-url", "http://h:1", "--input-len", "9" * 5000],
+     "argument --input-len: must be a whole number from 1 to 2147483647, got '9999", "dsaops bench serve"),
 ])
 def test_an_argument_error_is_one_line_and_the_usage_hint(argv, message, command):
     out = subprocess.run([sys.executable, "-m", "dsaops", *argv], capture_output=True, text=True, check=False)

@@ -248,14 +248,28 @@ def test_a_reference_that_is_not_one_is_refused_before_any_probe(server, capsys,
 
 
 def test_a_depth_past_the_bound_is_refused_before_any_probe(server, capsys):
-    """A depth is a prompt built in memory: 10**12 tokens asked for 4 TB before the server could refuse it."""
+    """A depth is a prompt built in memory: 10**11 tokens asked for 400 GB before the server could refuse it."""
     from dsaops.verify import MAX_NIAH_DEPTH
 
     url, srv = server()
-    assert main(["verify", "--server-url", url, "--niah-depths", f"64,{10**12}"]) == 2
+    assert main(["verify", "--server-url", url, "--niah-depths", f"64,{10**11}"]) == 2
     assert capsys.readouterr().err == (f"dsaops verify: each --niah-depths value must be at most {MAX_NIAH_DEPTH} "
-                                       f"tokens, got {10**12}\n")
+                                       f"tokens, got {10**11}\n")
     assert srv.prompts == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--niah-depths", "\u0666\u0664"], "--niah-depths takes comma-separated whole numbers"),   # int() reads 64
+    (["--niah-depths", "64", "--timeout", "1000000", "--niah-timeout-per-ktok", "1000000"],
+     "comes to 1064000 s, more than 1000000; lower one of them"),
+])
+def test_numbers_that_int_or_a_socket_cannot_take_are_refused_before_any_probe(server, capsys, argv, says):
+    """A socket timeout past time_t (16777216 tokens at these timeouts) was an OverflowError traceback after
+    the answer probes had run."""
+    url, srv = server()
+    assert main(["verify", "--server-url", url, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.splitlines()) == 1 and srv.prompts == [], err
 
 
 def refused(capsys, *argv) -> str:
