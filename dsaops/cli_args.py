@@ -1,7 +1,7 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
 import it): an http(s) server URL, a number of seconds and a bounded whole number as argparse
-types, comma-separated whole numbers, and an output path that must be writable, or a folder that
-can be made, before a long run starts.
+types, comma-separated whole numbers, an output path that must be writable, or a folder that
+can be made, before a long run starts, and the write of its result.
 """
 from __future__ import annotations
 
@@ -90,7 +90,20 @@ def can_write_in(folder: Path) -> bool:
 
 
 def writable(flag: str, path: str) -> None:
-    """Checked before a run, so that a run's result is not lost to an unwritable output path."""
+    """Checked before a run, so that a run's result is not lost to an unwritable output path; `write`
+    replaces the file, so a folder, device or pipe there (/dev/stdout) is refused too."""
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or os.path.isdir(path):
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (os.path.lexists(path)
+                                                                      and not os.path.isfile(path)):
         raise UserError(f"{flag} {path}: cannot write there; give a file in a folder you may write to")
+
+
+def write(flag: str, path: str, data: bytes) -> None:
+    """`data` as the file at `path`, all or nothing (atomic_files: written beside it, then renamed over
+    it), so that a full disk or a crash leaves the file that was there whole."""
+    from dsaops.sglang_patches import atomic_files
+
+    try:
+        atomic_files.replace_all([atomic_files.Change(Path(path), data)])
+    except atomic_files.WriteError as e:
+        raise UserError(f"{flag} {path}: {e}") from None

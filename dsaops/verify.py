@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from dsaops.cli_args import MAX_SECONDS, http_url, seconds, whole_numbers, whole_up_to, writable
+from dsaops.cli_args import MAX_SECONDS, http_url, seconds, whole_numbers, whole_up_to, writable, write
 from dsaops.errors import UserError
 from dsaops.plan_input import INT_MOST
 
@@ -157,9 +157,8 @@ def _read_reference(path: str) -> dict[str, str]:
 
 def _write_reference(path: str, server_url: str, model: str, results) -> None:
     answers = {r.name: r.answer for r in results if r.kind == "answer" and r.answer is not None}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({"server_url": server_url, "model": model, "answers": answers}, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+    text = json.dumps({"server_url": server_url, "model": model, "answers": answers}, indent=2, ensure_ascii=False)
+    write("--record", path, (text + "\n").encode())
 
 
 def run_boot_gate(args) -> int:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dsaops.bench import humaneval, paired, sandbox
+from dsaops.cli_args import write
 from dsaops.errors import UserError
 from dsaops.plan_input import read_json
 
@@ -70,12 +71,7 @@ def as_record(results: list[Result], *, task: str, server_url: str, model: str, 
 
 
 def write_record(path: str, record: dict) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-    except OSError as e:
-        raise UserError(f"--record {path}: {e.strerror or e}") from None
+    write("--record", path, (json.dumps(record, indent=1, ensure_ascii=False) + "\n").encode())
 
 
 def read_record(path: str, task: str) -> dict:

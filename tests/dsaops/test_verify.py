@@ -1,8 +1,12 @@
 """`dsaops verify` against a small OpenAI-compatible server on 127.0.0.1 that answers right,
 answers wrong, times out, drops the connection or errors, each on the probes a test picks."""
 import json
+import os
 import re
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -221,6 +225,33 @@ def test_an_unwritable_record_is_refused_before_any_probe(server, capsys, tmp_pa
     err = capsys.readouterr().err
     assert err == f"dsaops verify: --record {record}: cannot write there; give a file in a folder you may write to\n"
     assert srv.prompts == []
+
+
+def test_a_record_that_cannot_be_written_keeps_the_old_one(server, tmp_path):
+    """A file-size limit below the record's size stands in for a full disk (Python ignores SIGXFSZ: the write
+    raises EFBIG). It used to truncate the old reference first, then end in a traceback."""
+    url, _ = server()
+    ref = tmp_path / "reference.json"
+    ref.write_text('{"answers": {}}\n')
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY))
+    done = subprocess.run([sys.executable, "-m", "dsaops", "verify", "--server-url", url, "--niah-depths", "",
+                           "--record", str(ref)], capture_output=True, text=True, preexec_fn=small_files, check=False)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("dsaops verify:")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert errors == [(f"dsaops verify: --record {ref}: cannot write {tmp_path}/.reference.json.dsaops-new: "
+                       "File too large (EFBIG); nothing was changed")]
+    assert ref.read_text() == '{"answers": {}}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["reference.json"]
+
+
+def test_a_record_that_is_no_file_is_refused_before_any_probe(server, capsys, tmp_path):
+    """The record is renamed into place: over a pipe (/dev/stdout in a shell pipeline) it would replace it."""
+    url, srv = server()
+    record = str(tmp_path / "pipe")
+    os.mkfifo(record)
+    assert main(["verify", "--server-url", url, "--niah-depths", "", "--record", record]) == 2
+    assert "cannot write there" in capsys.readouterr().err and srv.prompts == []
 
 
 def test_bad_reference_and_depths_say_what_to_change(tmp_path, capsys):
