@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dsaops.errors import UserError
 
+KEY_MOST_CHARS = 4096   # a key is tens of characters; reading stops here (/dev/zero, a wrong file)
+
 
 def read(path: str | None) -> str | None:
     """The key in `path` (surrounding whitespace dropped), or None without a path; UserError when
@@ -17,10 +19,14 @@ def read(path: str | None) -> str | None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            key = f.read().strip()
+            key = f.read(KEY_MOST_CHARS + 1)
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
         raise UserError(f"--api-key-file {path}: {why}; give a file that holds the server's API key") from None
+    if len(key) > KEY_MOST_CHARS:
+        raise UserError(f"--api-key-file {path} holds more than {KEY_MOST_CHARS} characters: give the file that "
+                        "holds the server's API key alone")
+    key = key.strip()
     if not key:
         raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")
     if any(c.isspace() for c in key):

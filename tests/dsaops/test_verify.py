@@ -125,6 +125,19 @@ def test_the_api_key_comes_from_a_file(server, capsys, tmp_path):
     assert "--api-key-file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content", ["k" * 100_000, None])
+def test_a_key_file_past_any_key_is_refused_before_any_probe(server, capsys, tmp_path, content):
+    """The whole file was read: 100,000 characters went out as the key, /dev/zero was read until memory ran out."""
+    url, srv = server()
+    path = "/dev/zero" if content is None else tmp_path / "api-key"
+    if content is not None:
+        path.write_text(content)
+    assert main(["verify", "--server-url", url, "--api-key-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"dsaops verify: --api-key-file {path} holds more than 4096 characters: give the file that holds "
+                   "the server's API key alone\n") and srv.prompts == []
+
+
 def test_wrong_answers_fail_and_only_those(server, capsys):
     def behave(prompt):
         if prompt == "2+3等于几?只回答数字。":
