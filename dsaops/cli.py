@@ -11,6 +11,7 @@ import sys
 
 from dsaops.errors import UserError
 
+DESCRIPTION = "Build, deploy and watch SGLang serving of DeepSeek-Sparse-Attention models with a raw fp8 KV cache."
 SUBCOMMAND_MODULES = (
     "dsaops.targets",
     "dsaops.kernels.cli",
@@ -45,7 +46,7 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from dsaops import __version__
 
-    parser = Parser(prog="dsaops", description=__doc__.splitlines()[0])
+    parser = Parser(prog="dsaops", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dsaops {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:

@@ -26,6 +26,8 @@ MAX_NIAH_DEPTH = 1 << 24
 
 def add_parser(sub) -> None:
     p = sub.add_parser("verify", help="acceptance probes against a server; `verify boot-gate` for the fp8 refusal",
+                       usage="%(prog)s --server-url URL [options]\n       %(prog)s boot-gate (--image IMAGE | "
+                             "--command COMMAND) [options]",
                        description="After a deploy, ask the server fixed questions at temperature 0 and run "
                                    "needle-in-a-haystack recall probes; exit 1 if any probe fails, times out or "
                                    "errors. `dsaops verify boot-gate` checks that a wrong fp8 launch is refused.")
@@ -44,7 +46,8 @@ def add_parser(sub) -> None:
                    help="needle probes get --timeout plus this many seconds per 1000 tokens of depth")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(func=run)
-    gate_sub = p.add_subparsers(dest="verify_command", metavar="boot-gate")
+    # prog: else boot-gate's would be built from the usage above
+    gate_sub = p.add_subparsers(dest="verify_command", metavar="boot-gate", prog=p.prog)
     g = gate_sub.add_parser("boot-gate", help="a launch with fp8 KV, tilelang prefill and flashmla_sparse decode "
                             "must be refused at startup",
                             description="Launch the image (or --command) with fp8 KV, tilelang prefill and "

@@ -24,7 +24,9 @@ count = whole_up_to(INT_MOST)   # tokens, requests, problems
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="load sweep (`bench serve`) and task eval (`bench eval`) against a deployment",
-                       description=__doc__.splitlines()[0])
+                       description="Measure a deployment: `bench serve` sweeps concurrency with SGLang's load "
+                                   "generator and sets its knee beside the running-request caps; `bench eval` scores "
+                                   "HumanEval pass@1, the code run sandboxed, against a recorded run.")
     what = p.add_subparsers(dest="bench_command", metavar="serve|eval", required=True)
     s = what.add_parser("serve", help="TTFT, TPOT and throughput per concurrency; the knee against the caps")
     _common(s)

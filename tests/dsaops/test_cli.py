@@ -24,6 +24,21 @@ def test_every_subcommand_says_what_it_does():
         assert len(text) > 20 and not text.endswith((":", ",", ";")), f"{' '.join(path)}: {text!r}"
 
 
+def test_the_top_level_and_bench_descriptions_are_whole_sentences():
+    """They were the first line of a module docstring: a note to developers, and a sentence cut mid-way."""
+    found = dict(_parsers(build_parser()))
+    for parser in (build_parser(), found[("dsaops", "bench")]):
+        text = parser.description
+        assert text.endswith(".") and "`dsaops …`" not in text and "module" not in text, text
+
+
+def test_verify_usage_shows_boot_gate_as_the_other_form_not_a_required_argument():
+    found = dict(_parsers(build_parser()))
+    usage = found[("dsaops", "verify")].format_usage()
+    assert usage.splitlines()[0] == "usage: dsaops verify --server-url URL [options]", usage
+    assert found[("dsaops", "verify", "boot-gate")].prog == "dsaops verify boot-gate"
+
+
 @pytest.mark.parametrize("argv, message, command", [
     (["plan", "--target"], "argument --target: expected one argument", "dsaops plan"),
     (["plan", "--target", "sm_121"], "the following arguments are required: --nodes", "dsaops plan"),
