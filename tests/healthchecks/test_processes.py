@@ -108,7 +108,7 @@ def test_cgroup_oom_kill_count_names_the_cause(watched, launcher, tmp_path):
     events = tmp_path / "cgroup" / group.lstrip("/") / "memory.events"
     events.parent.mkdir(parents=True, exist_ok=True)
     events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
-    wait_for(lambda: False, 0.6)  # a poll takes the baseline
+    assert wait_for(lambda: watched._oom_counts.get(group) == 0, 5)  # a poll has taken the baseline
     events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     os.kill(lch.pids[0], signal.SIGKILL)
     assert wait_for(lambda: deaths(watched) == {("TP0", "oom_kill"): 1}, 5), deaths(watched)
