@@ -57,7 +57,7 @@ def seconds_up_to(most: float, least: float = 0.0):
 seconds = seconds_up_to(MAX_SECONDS)
 
 
-def _digits(text: str) -> int | None:
+def digits(text: str) -> int | None:
     """`text` as a whole number if it is 1 to 12 ASCII digits: int() also takes '٣', '1_000' and 4,000 digits."""
     return int(text) if re.fullmatch(r"[0-9]{1,12}", text) else None
 
@@ -65,7 +65,7 @@ def _digits(text: str) -> int | None:
 def whole_up_to(most: int, least: int = 1):
     """argparse type: a whole number from `least` to `most`."""
     def parse(text: str) -> int:
-        value = _digits(text)
+        value = digits(text)
         if value is None or not least <= value <= most:
             raise argparse.ArgumentTypeError(f"must be a whole number from {least} to {most}, got {shown(text)}")
         return value
@@ -75,7 +75,7 @@ def whole_up_to(most: int, least: int = 1):
 def whole_numbers(text: str, flag: str, example: str) -> list[int]:
     """Comma-separated whole numbers (spaces ignored); UserError naming `flag` and an example otherwise."""
     words = [w for w in text.replace(" ", "").split(",") if w]
-    values = [_digits(w) for w in words]
+    values = [digits(w) for w in words]
     if None in values:
         raise UserError(f"{flag} takes comma-separated whole numbers, e.g. {example}; got {shown(text)}")
     return values

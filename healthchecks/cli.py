@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import signal
 import socket
 
-from dsaops.cli_args import http_url, seconds_up_to
+from dsaops.cli_args import digits, http_url, seconds_up_to
 from dsaops.errors import UserError
+from dsaops.plan_input import shown
 
 # not 9400 (dcgm-exporter) nor 9100 (node_exporter); loopback unless told otherwise (the playbooks give
 # each node's exporter an address and fence its port to the monitoring hosts)
@@ -111,9 +111,10 @@ def check_docker_url(url: str | None) -> None:
 
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not re.fullmatch(r"[0-9]{1,5}", port) or not 0 < int(port) < 65536:
-        raise UserError(f"--listen {value!r}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    number = digits(port) if sep else None
+    if number is None or not 0 < number < 65536:
+        raise UserError(f"--listen {shown(value)}: give HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host.strip("[]") or "0.0.0.0", number
 
 
 def run_exporter(args) -> int:
@@ -188,8 +189,8 @@ def run_log_writer(args) -> int:
 
     max_bytes = args.max_bytes or os.environ.get("DSAOPS_LOG_MAX_BYTES") or str(256 << 20)
     keep = args.keep or os.environ.get("DSAOPS_LOG_KEEP") or "4"
-    if (not re.fullmatch(r"[0-9]{1,12}", max_bytes) or int(max_bytes) < 4096
-            or not re.fullmatch(r"[0-9]{1,2}", keep) or int(keep) < 1):
-        raise UserError(f"the size limit ({max_bytes!r}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be 4096 to "
-                        f"999999999999 bytes and the files kept ({keep!r}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
-    return run(args.file, int(max_bytes), int(keep))
+    size, kept = digits(max_bytes), digits(keep)
+    if size is None or size < 4096 or kept is None or not 1 <= kept <= 99:
+        raise UserError(f"the size limit ({shown(max_bytes)}, --max-bytes or DSAOPS_LOG_MAX_BYTES) must be 4096 to "
+                        f"999999999999 bytes and the files kept ({shown(keep)}, --keep or DSAOPS_LOG_KEEP) 1 to 99")
+    return run(args.file, size, kept)
