@@ -2,10 +2,10 @@
 
 urllib's timeout bounds each socket operation, not the whole answer: a server that drips a
 byte a second, or pushes 200 MB, held the poller for good or grew its memory without end.
-Here the whole exchange (connect, status line, headers, body) must end by the deadline: every
-read waits only what is left of it (`reader`). The body may not pass `max_bytes`; every failure
-is a `FetchError` (refused, timed out, too big, cut short, not HTTP), so a caller catches one
-thing. Extra headers (an API key) go in `headers`.
+Here the whole exchange (connect, TLS handshake, status line, headers, body) must end by the
+deadline: every read waits only what is left of it (`reader`). The body may not pass
+`max_bytes`; every failure is a `FetchError` (refused, timed out, too big, cut short, not HTTP),
+so a caller catches one thing. Extra headers (an API key) go in `headers`.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def get(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] 
     """(status, body) of GET `url`; raises FetchError."""
     parts = urllib.parse.urlsplit(url)
     end = time.monotonic() + deadline_s
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    kind = functools.partial(_HTTPSConnection, end=end) if parts.scheme == "https" else http.client.HTTPConnection
     conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=deadline_s)
     conn.response_class = functools.partial(_Response, end=end)
     try:
@@ -82,6 +82,20 @@ class _DeadlineIO(io.RawIOBase):
         super().close()
 
 
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """HTTPSConnection.connect with the TLS handshake given only what the TCP connect left of the
+    deadline: the socket's timeout bounds the whole handshake, but afresh from its start."""
+
+    def __init__(self, *args, end: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._end = end
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        _left(self._end, self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
+
+
 class _Response(http.client.HTTPResponse):
     """Reads its status line, headers and body through `reader`."""
 
@@ -92,7 +106,7 @@ class _Response(http.client.HTTPResponse):
 
 
 def _left(end: float, conn) -> None:
-    """Give the socket what is left of the deadline (for sending the request)."""
+    """Give the socket what is left of the deadline (for the TLS handshake, sending the request)."""
     left = end - time.monotonic()
     if left <= 0:
         raise TimeoutError("no answer within the deadline")

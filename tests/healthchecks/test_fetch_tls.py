@@ -1,0 +1,125 @@
+"""fetch.get over https: a real TLS server with a certificate made here, verified as by default, and
+a handshake that may not outlast what the TCP connect left of the deadline."""
+from __future__ import annotations
+
+import datetime
+import http.server
+import ipaddress
+import socket
+import ssl
+import threading
+import time
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from dsaops.healthchecks import fetch
+
+
+def certificate(folder, name: x509.GeneralName):
+    """A self-signed certificate for `name` and its key, as PEM files in `folder`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dsaops test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName([name]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return folder / "cert.pem", folder / "key.pem"
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def tls_server():
+    started = []
+
+    def start(cert, key) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        started.append(server)
+        return f"https://127.0.0.1:{server.server_address[1]}/"
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+LOOPBACK = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+
+
+def test_https_answers_when_the_certificate_is_trusted(tls_server, tmp_path, monkeypatch):
+    cert, key = certificate(tmp_path, LOOPBACK)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context's trust store
+    assert fetch.get(tls_server(cert, key), deadline_s=3, max_bytes=100) == (200, b"ok")
+
+
+@pytest.mark.parametrize("name,trusted,error", [
+    (LOOPBACK, False, "CERTIFICATE_VERIFY_FAILED"),
+    (x509.DNSName("elsewhere.example"), True, "IP address mismatch"),  # a name other than the URL's host
+])
+def test_https_verifies_the_certificate_and_its_name(name, trusted, error, tls_server, tmp_path, monkeypatch):
+    cert, key = certificate(tmp_path, name)
+    if trusted:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    with pytest.raises(fetch.FetchError, match=error):
+        fetch.get(tls_server(cert, key), deadline_s=3, max_bytes=100)
+
+
+def test_the_tls_handshake_waits_only_what_the_connect_left():
+    """A full accept queue drops the SYN: the TCP connect takes the kernel's 1 s retransmit. The
+    server then starts a TLS record and stalls; the whole get still ends by its deadline."""
+    deadline = 1.5
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))  # fills the queue of one
+    accepted, done = [], threading.Event()
+
+    def serve():
+        time.sleep(0.5)
+        first, _ = listener.accept()  # room again: the client's retransmitted SYN gets in
+        conn, _ = listener.accept()
+        accepted.append(time.monotonic() - start)
+        conn.recv(65536)
+        conn.sendall(b"\x16\x03\x03\x40\x00")  # a handshake record of 16 KiB, never sent
+        done.wait(10)
+        for s in (first, conn):
+            s.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    try:
+        with pytest.raises(fetch.FetchError):
+            fetch.get(f"https://127.0.0.1:{port}/", deadline_s=deadline, max_bytes=100)
+        took = time.monotonic() - start
+    finally:
+        done.set()
+        thread.join()
+        filler.close()
+        listener.close()
+    assert accepted and accepted[0] > 0.8, "the connect was not slowed: the test proves nothing"
+    assert took < deadline + 0.3, took
