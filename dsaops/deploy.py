@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dsaops.errors import UserError
 from dsaops.inventory_checks import SECRET_VARIABLES, refusals
+from dsaops.plan_input import JSON_MOST_BYTES, read_text
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
@@ -35,7 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--tags", help=f"run only these phases, comma-separated: {', '.join(PHASES)}")
     p.add_argument("--limit", help="run on these hosts only (Ansible pattern)")
     p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
-                   help="extra variables as for ansible-playbook (KEY=VALUE, JSON or @FILE); repeatable")
+                   help="extra variables as for ansible-playbook (KEY=VALUE, JSON, or @FILE: a YAML or JSON file of at "
+                        f"most {JSON_MOST_BYTES >> 20} MiB); repeatable")
     p.add_argument("-v", "--verbose", action="count", default=0, help="show every task result (-vv: Ansible's -v)")
     p.set_defaults(func=run)
 
@@ -155,12 +157,10 @@ def read_extra_vars(extra: str) -> tuple[str, dict | None]:
             raise UserError(f"{what}: no such file ({file}); give the path of a YAML or JSON file of variables")
         if file.is_dir():
             raise UserError(f"{what}: {file} is a folder; give a YAML or JSON file of variables")
-        try:
-            text = file.read_bytes().decode()
-        except OSError as e:
-            raise UserError(f"{what}: cannot read {file} ({e.strerror}); make it readable") from None
-        except UnicodeDecodeError:
-            raise UserError(f"{what}: {file} is not text; give a YAML or JSON file of variables") from None
+        if not file.is_file():  # opening a pipe waits for a writer; Ansible reads the file again after this
+            raise UserError(f"{what}: {file} is not a regular file (a pipe or device); give a YAML or JSON file "
+                            "of variables")
+        text = read_text(file, f"{what}:", fix="give a readable YAML or JSON file of variables")
         if text.startswith("$ANSIBLE_VAULT;"):
             return argument, None
         fix = "give NAME: VALUE lines or a JSON object"

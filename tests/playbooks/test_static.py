@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 import yaml
@@ -28,8 +27,9 @@ ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "A
        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def _run(*argv, cwd=REPO, env=None):
-    return subprocess.run(argv, check=False, cwd=cwd, env=ENV | (env or {}), capture_output=True, text=True, timeout=300)
+def _run(*argv, cwd=REPO, env=None, timeout=300):
+    return subprocess.run(argv, check=False, cwd=cwd, env=ENV | (env or {}), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_ansible_lint_production_profile():
@@ -45,8 +45,9 @@ def test_syntax_check(inventory, playbook):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def print_commands(inventory, *extra, env=None, cwd=REPO):
-    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra, env=env, cwd=cwd)
+def print_commands(inventory, *extra, env=None, cwd=REPO, timeout=300):
+    return _run(sys.executable, "-m", "dsaops", "deploy", "-i", inventory, "--print-commands", *extra, env=env, cwd=cwd,
+                timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -552,7 +553,7 @@ def test_an_extra_vars_file_is_read_from_the_current_folder(tmp_path, monkeypatc
 @pytest.mark.parametrize("extra, says", [
     ("@nofile.yml", "-e @nofile.yml: no such file ("),
     ("@adir", "adir is a folder; give a YAML or JSON file of variables"),
-    ("@bin.json", "bin.json is not text; give a YAML or JSON file of variables"),
+    ("@bin.json", "bin.json is not UTF-8 text (invalid start byte at byte 0): give a readable YAML or JSON file"),
     ("@broken.yml", "-e @broken.yml is not valid JSON or YAML at line 2, column 1 ("),
     ("@list.yml", "-e @list.yml holds no mapping of variables; give NAME: VALUE lines or a JSON object"),
     ("@empty.yml", "-e @empty.yml holds no mapping of variables"),
@@ -572,19 +573,32 @@ def test_bad_extra_vars_are_one_line_and_exit_2(tmp_path, extra, says):
     (tmp_path / "list.yml").write_text("- 1\n")
     (tmp_path / "empty.yml").write_text("")
     (tmp_path / "deep.json").write_text("[" * 100_000)
-    (tmp_path / "deep.yml").write_text("a:\n" + "".join(" " * i + "- \n" for i in range(3000)))
+    (tmp_path / "deep.yml").write_text("a:\n" + "".join(" " * i + "- \n" for i in range(1000)))  # 0.5 MB: under the 1 MiB read
     result = print_commands("h20-8gpu", "-e", extra, cwd=tmp_path)
     assert result.returncode == 2 and says in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert "hf_abc" not in result.stderr
 
 
-def test_an_unreadable_extra_vars_file_is_one_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra, says", [
+    ("@/dev/zero", "-e @/dev/zero: /dev/zero is not a regular file (a pipe or device); give a YAML or JSON file"),
+    ("@fifo", "fifo is not a regular file (a pipe or device); give a YAML or JSON file of variables"),
+    ("@big.yml", "big.yml is larger than 1 MiB: give a readable YAML or JSON file of variables"),
+])
+def test_an_extra_vars_file_is_read_to_a_bound(tmp_path, extra, says):
+    """/dev/zero and a pipe hung deploy, and a file of any size was read whole into memory."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "big.yml").write_text("# " + "x" * (1 << 20) + "\n")
+    result = print_commands("h20-8gpu", "-e", extra, cwd=tmp_path, timeout=60)
+    assert result.returncode == 2 and says in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_an_unreadable_extra_vars_file_is_one_line():
+    """A regular file whose read fails (root reads any mode, so not a chmod 000 file)."""
     from dsaops.deploy import read_extra_vars
 
-    (tmp_path / "vars.yml").write_text("a: 1\n")
-    monkeypatch.setattr(Path, "read_bytes", lambda self: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
-    with pytest.raises(UserError, match=r"^-e @.*vars.yml: cannot read .*vars.yml \(Permission denied\); make it readable$"):
-        read_extra_vars(f"@{tmp_path}/vars.yml")
+    with pytest.raises(UserError, match=r"^cannot read -e @/proc/self/mem: /proc/self/mem: Input/output error; "
+                                        r"give a readable YAML or JSON file of variables$"):
+        read_extra_vars("@/proc/self/mem")
 
 
 def test_ansible_tags_and_vaults_in_an_extra_vars_file_pass_to_ansible(tmp_path):
