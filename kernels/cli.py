@@ -19,6 +19,7 @@ from dsaops.kernels.build import build
 from dsaops import pins
 from dsaops.cli_args import can_write_in, whole_up_to
 from dsaops.errors import UserError
+from dsaops.plan_input import INT_MOST
 
 JOBS_MOST = 256   # compiler processes: more than any host has cores
 
@@ -41,10 +42,11 @@ def add_parser(sub) -> None:
                         description="Say whether dsaops' fp8 decode kernel (sparse_mla_decode_fp8) handles a "
                                     "geometry: exit 0 and 'supported', or exit 1 and 'not supported:' with each "
                                     "value it cannot take and the values it can.")
-    s.add_argument("--heads", type=int, required=True)
-    s.add_argument("--d-qk", type=int, required=True, help="q/kv row width: d_v + d_tail")
-    s.add_argument("--d-v", type=int, default=512)
-    s.add_argument("--topk", type=int, required=True)
+    s.add_argument("--heads", type=whole_up_to(route.HEADS_MOST), required=True,
+                   help=f"q heads a rank runs, 1 to {route.HEADS_MOST}")
+    s.add_argument("--d-qk", type=whole_up_to(INT_MOST), required=True, help="q/kv row width: d_v + d_tail")
+    s.add_argument("--d-v", type=whole_up_to(INT_MOST), default=512, help="value width (default 512)")
+    s.add_argument("--topk", type=whole_up_to(INT_MOST), required=True, help="KV rows a query attends to")
     s.add_argument("--kv-dtype", default="float8_e4m3fn")
     s.set_defaults(func=run_supports)
     r = ksub.add_parser("route", help="which decode kernel a server on TARGET runs, for which batch sizes, and why "
@@ -53,7 +55,8 @@ def add_parser(sub) -> None:
                                     "runs (dsaops' or SGLang's), for which batch sizes, and why (targets table, selftest "
                                     "verdict, DSAOPS_DECODE). Needs no GPU.")
     r.add_argument("--target", required=True, help="a name from `dsaops targets`")
-    r.add_argument("--heads", type=int, default=64, help="q heads a rank runs (GLM-5.3-Flash: 64 / attention-TP size)")
+    r.add_argument("--heads", type=whole_up_to(route.HEADS_MOST), default=64,
+                   help=f"q heads a rank runs, 1 to {route.HEADS_MOST} (GLM-5.3-Flash: 64 / attention-TP size)")
     r.add_argument("--selftest", type=Path, metavar="FILE",
                    help=f"a selftest verdict (default: {route.VERDICT_FILE} in the dsaops cache, where present)")
     r.set_defaults(func=run_route)
@@ -115,8 +118,6 @@ def run_route(args) -> int:
     from dsaops import targets
 
     target = targets.get(args.target)
-    if args.heads < 1:
-        raise UserError(f"--heads must be >= 1, got {args.heads}")
     verdict, note = None, ""
     if args.selftest:
         try:

@@ -30,6 +30,7 @@ from dsaops.kernels import tiles
 from dsaops import plan_input
 from dsaops.cache import cache_dir
 
+HEADS_MOST = 1024  # q heads a rank, as the CLI takes them: 8 x DeepSeek-V3.2's 128, the most of any DSA model
 KERNEL_FP8 = "float8_e4m3fn"  # the only pool dtype dsaops' decode is built for (no e4m3fnuz: no HIP kernels)
 VERDICT_FILE = "decode-verdict.json"
 LINE_PREFIX = "DSA decode kernel: "

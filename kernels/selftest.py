@@ -27,8 +27,9 @@ from pathlib import Path
 
 from dsaops.kernels import route
 
-from dsaops.cli_args import can_write_in
+from dsaops.cli_args import can_write_in, whole_numbers, whole_up_to
 from dsaops.errors import UserError
+from dsaops.plan_input import INT_MOST, shown
 
 TOPK = 2048
 D_V = 512
@@ -37,6 +38,7 @@ ROW_BYTES = D_V + 4    # a top-k row read: its fp8 values and its int32 id
 KERNEL_ERR_MAX = 0.01  # tests/kernels/test_decode_gpu.py
 FLOOR_FACTOR = 1.1     # tests/kernels/test_decode_accuracy_gpu.py
 WRONG_KERNEL = "DSAOPS_SELFTEST_WRONG_KERNEL"
+BATCH_MOST = 8192      # 16 x SGLang's largest default max_bs (512); each size is allocated and timed
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
@@ -219,12 +221,16 @@ def add_parser(ksub) -> None:
                         description="Check dsaops' raw-fp8 decode against the fp32 reference and time it against "
                                     "SGLang's kernel on this GPU, at the batch sizes SGLang captures; print a table "
                                     f"and write the verdict the routing reads ({route.VERDICT_FILE}).")
-    s.add_argument("--heads", type=int, default=64, help="q heads a rank runs (GLM-5.3-Flash: 64 / attention-TP size)")
-    s.add_argument("--batch-sizes", help="comma-separated batch sizes (default: those SGLang captures)")
-    s.add_argument("--max-bs", type=int, help="largest captured batch (default: SGLang's for this GPU's memory)")
-    s.add_argument("--tp-size", type=int, default=1, help="the deployment's --tp-size (SGLang's default max_bs "
-                                                          "depends on it)")
-    s.add_argument("--d-tail", type=int, choices=(0, 64), default=0, help="rope width: 0 for GLM-5.3-Flash (NoPE)")
+    s.add_argument("--heads", type=whole_up_to(route.HEADS_MOST), default=64,
+                   help=f"q heads a rank runs, 1 to {route.HEADS_MOST} (GLM-5.3-Flash: 64 / attention-TP size)")
+    s.add_argument("--batch-sizes", help=f"comma-separated batch sizes, each 1 to {BATCH_MOST} (default: those "
+                                         "SGLang captures)")
+    s.add_argument("--max-bs", type=whole_up_to(BATCH_MOST), help=f"largest captured batch, 1 to {BATCH_MOST} "
+                                                                   "(default: SGLang's for this GPU's memory)")
+    s.add_argument("--tp-size", type=whole_up_to(INT_MOST), default=1,
+                   help="the deployment's --tp-size (SGLang's default max_bs depends on it)")
+    s.add_argument("--d-tail", type=whole_up_to(64, least=0), choices=(0, 64), default=0,
+                   help="rope width: 0 for GLM-5.3-Flash (NoPE)")
     s.add_argument("--out", type=Path, help=f"verdict file (default: {route.VERDICT_FILE} in the dsaops cache)")
     s.add_argument("--sglang-root", type=Path, help="folder holding sglang/ of the pinned wheel (default: the "
                                                     "installed sglang, as in the image)")
@@ -234,19 +240,13 @@ def add_parser(ksub) -> None:
 
 
 def given_batch_sizes(args) -> list[int] | None:
-    """--batch-sizes sorted, or None; --max-bs and --tp-size checked too: all before any GPU work."""
-    if args.max_bs is not None and args.max_bs < 1:
-        raise UserError(f"--max-bs must be >= 1, got {args.max_bs}")
-    if args.tp_size < 1:
-        raise UserError(f"--tp-size must be >= 1, got {args.tp_size}")
+    """--batch-sizes sorted, or None: checked before any GPU work."""
     if not args.batch_sizes:
         return None
-    try:
-        sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
-    except ValueError:
-        raise UserError(f"--batch-sizes takes comma-separated integers, not {args.batch_sizes!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise UserError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+    sizes = sorted(set(whole_numbers(args.batch_sizes, "--batch-sizes", "1,16,64")))
+    if not sizes or sizes[0] < 1 or sizes[-1] > BATCH_MOST:
+        raise UserError(f"--batch-sizes takes batch sizes from 1 to {BATCH_MOST}, e.g. 1,16,64; "
+                        f"got {shown(args.batch_sizes)}")
     return sizes
 
 
@@ -255,8 +255,6 @@ def batch_sizes_of(args, gpu_memory_mib: float) -> list[int]:
 
 
 def run(args) -> int:
-    if args.heads < 1:
-        raise UserError(f"--heads must be >= 1, got {args.heads}")
     given_batch_sizes(args)  # a bad one is refused now, not after the GPU is found
     out = args.out or route.verdict_path()
     kernels = route.kernel_hash()

@@ -43,7 +43,8 @@ def test_verify_usage_shows_boot_gate_as_the_other_form_not_a_required_argument(
     (["plan", "--target"], "argument --target: expected one argument", "dsaops plan"),
     (["plan", "--target", "sm_121"], "the following arguments are required: --nodes", "dsaops plan"),
     (["image", "plan", "--arch", "sm_90", "--stage", "nope"], "argument --stage: invalid choice", "dsaops image plan"),
-    (["kernels", "supports", "--heads", "x"], "argument --heads: invalid int value: 'x'", "dsaops kernels supports"),
+    (["kernels", "supports", "--heads", "x"], "argument --heads: must be a whole number from 1 to 1024, got 'x'",
+     "dsaops kernels supports"),
     (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'", "dsaops"),
     # int() took these: 10**12 compiler processes, 1 TiB x 10**6 of address space, an Arabic-Indic 3
     (["kernels", "compile", "--target", "sm_90", "--jobs", "1000000000000"],
@@ -54,6 +55,22 @@ def test_verify_usage_shows_boot_gate_as_the_other_form_not_a_required_argument(
      "argument --max-tokens: must be a whole number from 1 to 2147483647, got '\u0663'", "dsaops verify"),
     (["bench", "serve", "--server-url", "http://h:1", "--input-len", "9" * 5000],
      "argument --input-len: must be a whole number from 1 to 2147483647, got '9999", "dsaops bench serve"),
+    # the kernels' numbers too: each of these was read as a geometry, a plan or an allocation
+    *[([*cmd, flag, value], f"argument {flag}: must be a whole number from {least} to {most}, got {value!r}",
+       "dsaops " + " ".join(cmd[:2])) for cmd, flag, value, least, most in [
+        (["kernels", "supports", "--d-qk", "576", "--topk", "2048"], "--heads", "\u0663", 1, 1024),
+        (["kernels", "supports", "--heads", "64", "--topk", "2048"], "--d-qk", "5_76", 1, 2147483647),
+        (["kernels", "supports", "--heads", "64", "--d-qk", "576", "--topk", "2048"], "--d-v", " 512", 1, 2147483647),
+        (["kernels", "supports", "--heads", "64", "--d-qk", "576"], "--topk", "1" + "0" * 12, 1, 2147483647),
+        (["kernels", "route", "--target", "sm_90"], "--heads", "0", 1, 1024),
+        (["kernels", "route", "--target", "sm_90"], "--heads", "1_000", 1, 1024),
+        (["kernels", "selftest"], "--heads", "\u0666\u0664", 1, 1024),
+        (["kernels", "selftest"], "--max-bs", "1000000", 1, 8192),
+        (["kernels", "selftest"], "--max-bs", "0", 1, 8192),
+        (["kernels", "selftest"], "--tp-size", "\u0668", 1, 2147483647),
+        (["kernels", "selftest"], "--tp-size", "0", 1, 2147483647),
+        (["kernels", "selftest"], "--d-tail", "\u0666\u0664", 0, 64),
+    ]],
 ])
 def test_an_argument_error_is_one_line_and_the_usage_hint(argv, message, command):
     out = subprocess.run([sys.executable, "-m", "dsaops", *argv], capture_output=True, text=True, check=False)

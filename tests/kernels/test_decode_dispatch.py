@@ -238,9 +238,9 @@ def test_cli_supports_exit_codes(capsys):
     assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "512", "--topk", "2048"]) == 0
     assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "544", "--topk", "2048"]) == 1
     assert capsys.readouterr().out.splitlines() == ["supported", "not supported: d_tail = d_qk - d_v = 32 (0 or 64)"]
-    assert dsaops_main(["kernels", "supports", "--heads", "0", "--d-qk", "512", "--topk", "2048",
+    assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "512", "--topk", "9000",
                         "--kv-dtype", "bfloat16"]) == 1
-    assert capsys.readouterr().out == ("not supported: heads 0 (at least 1); kv dtype bfloat16 "
+    assert capsys.readouterr().out == ("not supported: top-k 9000 (1 to 8192); kv dtype bfloat16 "
                                        "(a raw float8_e4m3fn pool; e4m3fnuz has no HIP kernels)\n")
 
 

@@ -103,7 +103,6 @@ def test_dsaops_asked_for_on_gfx942_still_has_no_kernels(capsys, monkeypatch):
 @pytest.mark.parametrize(("args", "env", "message"), [
     (["--target", "sm_90"], {"DSAOPS_DECODE": "fast"}, "DSAOPS_DECODE='fast': set it to auto, dsaops or sglang"),
     (["--target", "sm_99"], {}, "unknown target 'sm_99'"),
-    (["--target", "sm_90", "--heads", "0"], {}, "--heads must be >= 1"),
     (["--target", "sm_90", "--selftest", "/nonexistent/v.json"], {}, "cannot read selftest verdict /nonexistent/v.json"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, args, env, message):

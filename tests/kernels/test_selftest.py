@@ -147,11 +147,11 @@ def test_if_stale_does_nothing_for_a_current_verdict(fake_nvidia_smi, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--heads", "0"], "--heads must be >= 1"),
     ([], "no GPU visible: run on the serving GPU"),
-    (["--batch-sizes", "0,4"], "--batch-sizes must be positive integers"),
-    (["--max-bs", "0"], "--max-bs must be >= 1, got 0"),
-    (["--tp-size", "0"], "--tp-size must be >= 1, got 0"),
+    (["--batch-sizes", "0,4"], "--batch-sizes takes batch sizes from 1 to 8192, e.g. 1,16,64; got '0,4'"),
+    (["--batch-sizes", "1,100000"], "--batch-sizes takes batch sizes from 1 to 8192, e.g. 1,16,64; got '1,100000'"),
+    (["--batch-sizes", "1,\u0663"], "--batch-sizes takes comma-separated whole numbers, e.g. 1,16,64; got '1,\u0663'"),
+    (["--batch-sizes", "1_000"], "--batch-sizes takes comma-separated whole numbers, e.g. 1,16,64; got '1_000'"),
     (["--out", "{tmp}"], "is a folder; give the verdict file's path, e.g. {tmp}/decode-verdict.json"),
     (["--out", "{tmp}/afile/verdict.json"], "cannot write in {tmp}/afile; give a file in a folder"),
 ])
