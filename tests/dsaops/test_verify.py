@@ -189,16 +189,7 @@ def test_no_server_is_an_error_not_a_hang(capsys):
 
 def test_a_server_that_is_not_http_is_an_error(capsys):
     """e.g. --server-url at the SSH port: a banner where a status line should be."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def banner():
-        while True:
-            conn, _ = listener.accept()
-            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-            conn.close()
-    threading.Thread(target=banner, daemon=True).start()
-    code, report, _ = verify(f"http://127.0.0.1:{listener.getsockname()[1]}", capsys)
-    listener.close()
+    code, report, _ = verify(answering(b"SSH-2.0-OpenSSH_9.6\r\n"), capsys)
     assert code == 1 and statuses(report) == {"server": "error"}
     assert "not an HTTP answer" in report["probes"][0]["detail"]
 
