@@ -131,9 +131,9 @@ def _report(args, model, results) -> int:
     from dsaops import verify_probes as vp
 
     passed = all(r.status == "pass" for r in results)
-    if args.json:
+    if args.json:  # ASCII, json's default: an answer's C1 controls (CSI) and U+2028 come out escaped, not raw
         print(json.dumps({"server_url": args.server_url, "model": model, "passed": passed,
-                          "probes": vp.as_dicts(results)}, indent=2, ensure_ascii=False))
+                          "probes": vp.as_dicts(results)}, indent=2))
     else:
         print(vp.summary_table(results))
     return 0 if passed else 1
@@ -160,7 +160,7 @@ def _read_reference(path: str) -> dict[str, str]:
 
 def _write_reference(path: str, server_url: str, model: str, results) -> None:
     answers = {r.name: r.answer for r in results if r.kind == "answer" and r.answer is not None}
-    text = json.dumps({"server_url": server_url, "model": model, "answers": answers}, indent=2, ensure_ascii=False)
+    text = json.dumps({"server_url": server_url, "model": model, "answers": answers}, indent=2)
     write("--record", path, (text + "\n").encode())
 
 

@@ -71,7 +71,7 @@ def as_record(results: list[Result], *, task: str, server_url: str, model: str, 
 
 
 def write_record(path: str, record: dict) -> None:
-    write("--record", path, (json.dumps(record, indent=1, ensure_ascii=False) + "\n").encode())
+    write("--record", path, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def read_record(path: str, task: str) -> dict:

@@ -208,6 +208,19 @@ def test_what_a_server_says_reaches_the_terminal_escaped(capsys, response, says)
     assert says in out and not any(c in out + err for c in "\x1b\x07\x9b"), out + err
 
 
+def test_control_characters_in_an_answer_are_escaped_in_the_json_and_the_record(server, capsys, tmp_path):
+    """ensure_ascii=False escaped C0 only: C1's CSI (\\x9b) and U+2028 went to the terminal, or the record, raw."""
+    answer = "Paris \x1b[2J\x9b2J\u2028."
+    url, _ = server(lambda prompt: answer if "France" in prompt else "right")
+    ref = tmp_path / "reference.json"
+    code = main(["verify", "--server-url", url, "--niah-depths", "", "--json", "--record", str(ref)])
+    out = capsys.readouterr().out
+    for text in (out, ref.read_text()):
+        assert not any(c in text for c in "\x1b\x9b\u2028"), text
+    assert code == 0 and {p["name"]: p["answer"] for p in json.loads(out)["probes"]}["capital-en"] == answer
+    assert json.loads(ref.read_text())["answers"]["capital-en"] == answer
+
+
 def test_record_then_compare_with_the_reference(server, capsys, tmp_path):
     ref = tmp_path / "reference.json"
     url, _ = server()
