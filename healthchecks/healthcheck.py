@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from dsaops.healthchecks import fetch
-
+from dsaops import fetch
 from dsaops.errors import UserError
 
 MAX_BODY = 64 << 10  # /health answers a few bytes

@@ -17,8 +17,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from dsaops.healthchecks import fetch
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from dsaops import fetch
 
 INDEX = b"""<html><head><title>dsaops exporter</title></head>
 <body><h1>dsaops exporter</h1><p><a href="/metrics">Metrics</a></p></body></html>"""

@@ -20,12 +20,11 @@ import json
 import math
 from dataclasses import dataclass
 
-from dsaops.healthchecks import fetch
 from dsaops.healthchecks.logparse import GIB, LogState
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
-from dsaops import concurrency
+from dsaops import concurrency, fetch
 from dsaops.api_key import headers
 from dsaops.errors import UserError
 
