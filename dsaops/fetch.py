@@ -1,11 +1,13 @@
-"""The exporter's one way to read the server over HTTP: a total deadline and a size cap.
+"""The project's one way to ask a server over HTTP (the exporter, verify, bench): a total deadline
+and a size cap.
 
 urllib's timeout bounds each socket operation, not the whole answer: a server that drips a
 byte a second, or pushes 200 MB, held the poller for good or grew its memory without end.
-Here the whole exchange (connect, TLS handshake, status line, headers, body) must end by the
-deadline: every read waits only what is left of it (`reader`). The body may not pass
-`max_bytes`; every failure is a `FetchError` (refused, timed out, too big, cut short, not HTTP),
-so a caller catches one thing. Extra headers (an API key) go in `headers`.
+Here the whole exchange (connect, TLS handshake, request, status line, headers, body) must end
+by the deadline: every read waits only what is left of it (`reader`). The body may not pass
+`max_bytes`; every failure is a `FetchError` (a bad URL, refused, timed out, too big, cut short,
+not HTTP), so a caller catches one thing, and its cause says which. Extra headers (an API key) go
+in `headers`.
 """
 from __future__ import annotations
 
@@ -23,17 +25,22 @@ class FetchError(Exception):
     """The server did not give a whole answer in time and within the size cap."""
 
 
-def get(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """(status, body) of GET `url`; raises FetchError."""
-    parts = urllib.parse.urlsplit(url)
+def request(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] | None = None,
+            data: bytes | None = None) -> tuple[int, bytes]:
+    """(status, body) of GET `url`, or of POST `data` to it; raises FetchError."""
     end = time.monotonic() + deadline_s
-    kind = functools.partial(_HTTPSConnection, end=end) if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname or "127.0.0.1", parts.port, timeout=deadline_s)
-    conn.response_class = functools.partial(_Response, end=end)
+    conn = None
     try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url} is not an http(s) URL with a host")
+        kind = functools.partial(_HTTPSConnection, end=end) if parts.scheme == "https" else http.client.HTTPConnection
+        conn = kind(parts.hostname, parts.port, timeout=deadline_s)
+        conn.response_class = functools.partial(_Response, end=end)
         conn.connect()
         _left(end, conn)
-        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=headers or {})
+        conn.request("GET" if data is None else "POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                     body=data, headers=headers or {})
         resp = conn.getresponse()
         length = resp.getheader("Content-Length")
         if length is not None and length.isdigit() and int(length) > max_bytes:
@@ -46,10 +53,11 @@ def get(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, str] 
         return resp.status, bytes(body)
     except FetchError:
         raise
-    except (OSError, http.client.HTTPException, ValueError) as e:  # refused, timed out, cut short, not HTTP
+    except (OSError, http.client.HTTPException, ValueError) as e:  # bad URL, refused, timed out, cut short, not HTTP
         raise FetchError(f"{url}: {type(e).__name__}: {e}") from e
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def reader(sock: socket.socket, end: float) -> io.BufferedReader:

@@ -3,8 +3,9 @@
 Two kinds: temperature-0 answers on a fixed prompt set (each checked against its expected
 answer and, with a reference, against the recorded answer), and needle-in-a-haystack
 recall at a few depths with the needle at the beginning, middle and end. Every probe has
-its own timeout and ends in one status: pass, fail (a wrong answer), timeout or error
-(HTTP error, dropped or refused connection, unreadable reply).
+its own timeout, over its whole request (dsaops.fetch: connect to the reply's last byte, at
+most MAX_REPLY bytes of it), and ends in one status: pass, fail (a wrong answer), timeout or
+error (HTTP error, dropped or refused connection, unreadable or oversized reply).
 """
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ import re
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 
+from dsaops import fetch
 from dsaops.api_key import headers as api_key_headers
 from dsaops.plan_input import parse_json
 
@@ -34,6 +34,18 @@ NIAH_POSITIONS = ("begin", "middle", "end")
 NIAH_QUESTION = "What is the secret passphrase mentioned in the text above? Answer with the passphrase only."
 CHARS_PER_TOKEN = 4        # English filler: depth in tokens is approximate
 HEARTBEAT_S = 15          # progress lines while a long probe waits
+# the most of a reply read: a whole 128k-token context of answer and reasoning (~12 bytes a token as
+# JSON) is ~3 MiB, and bench reads /server_info through here too, which the exporter caps at 8 MiB
+MAX_REPLY = 16 << 20
+# what a failed request says, by the failure's cause; the first match wins (InvalidURL is an
+# HTTPException, RemoteDisconnected a ConnectionError and an HTTPException)
+_FAILURES = (
+    ((ValueError, http.client.InvalidURL), "bad URL"),                    # scheme, port, host, a space
+    (ConnectionRefusedError, "cannot connect"),
+    ((ConnectionError, http.client.IncompleteRead), "connection dropped"),
+    (http.client.HTTPException, "not an HTTP answer"),                    # e.g. SSH's banner
+    (OSError, "cannot connect"),                                          # no such host, no route
+)
 
 _SUBJECTS = ("The harbour master", "A quiet librarian", "The old engineer", "Our neighbour", "The river pilot",
              "A travelling painter", "The night baker", "The station clerk", "A patient gardener", "The ferry cook")
@@ -77,23 +89,15 @@ def _request(url: str, payload: dict | None, timeout: float, api_key: str | None
     data = json.dumps(payload).encode() if payload is not None else None
     headers = ({"Content-Type": "application/json"} if data else {}) | api_key_headers(api_key)
     try:
-        req = urllib.request.Request(url, data=data, headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise ProbeError("error", f"HTTP {e.code}: {printable(e.read()[:300].decode(errors='replace').strip())}") from None
-    except TimeoutError:
-        raise ProbeError("timeout", f"no answer within {timeout:g} s") from None
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, TimeoutError):
+        status, body = fetch.request(url, deadline_s=timeout, max_bytes=MAX_REPLY, headers=headers, data=data)
+    except fetch.FetchError as e:
+        if isinstance(e.__cause__, TimeoutError):
             raise ProbeError("timeout", f"no answer within {timeout:g} s") from None
-        raise ProbeError("error", f"cannot connect: {printable(str(e.reason))}") from None
-    except (http.client.RemoteDisconnected, ConnectionError, http.client.IncompleteRead) as e:
-        raise ProbeError("error", f"connection dropped: {type(e).__name__}: {printable(str(e))}") from None
-    except (ValueError, http.client.InvalidURL) as e:  # a URL urllib cannot use: scheme, port, host, a space
-        raise ProbeError("error", f"bad URL {url}: {e}") from None
-    except http.client.HTTPException as e:  # something else listens there, e.g. SSH's banner
-        raise ProbeError("error", f"not an HTTP answer: {type(e).__name__}: {printable(str(e))}") from None
+        what = next((what for kinds, what in _FAILURES if isinstance(e.__cause__, kinds)), None)
+        raise ProbeError("error", printable(f"{what}: {type(e.__cause__).__name__}: {e.__cause__}" if what
+                                            else str(e))) from None  # no cause: over the cap
+    if not 200 <= status < 300:
+        raise ProbeError("error", f"HTTP {status}: {printable(body[:300].decode(errors='replace').strip())}")
     try:
         return parse_json(body)
     except ValueError:

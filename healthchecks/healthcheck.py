@@ -52,7 +52,7 @@ def check(server_url: str, expect_ranks: int | None, timeout: float, container: 
     problems = []
     url = server_url.rstrip("/") + "/health"
     try:
-        status, _ = fetch.get(url, deadline_s=timeout, max_bytes=MAX_BODY)
+        status, _ = fetch.request(url, deadline_s=timeout, max_bytes=MAX_BODY)
     except fetch.FetchError as e:  # refused, timed out, not HTTP
         problems.append(str(e))
     else:

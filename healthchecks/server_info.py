@@ -148,7 +148,7 @@ class ServerInfoPoller(BackgroundLoop):
         return False
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        return fetch.get(self.url + path, deadline_s=self.timeout, max_bytes=self.max_bytes, headers=self.headers)
+        return fetch.request(self.url + path, deadline_s=self.timeout, max_bytes=self.max_bytes, headers=self.headers)
 
     def poll(self) -> None:
         try:

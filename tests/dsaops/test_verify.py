@@ -208,6 +208,35 @@ def test_what_a_server_says_reaches_the_terminal_escaped(capsys, response, says)
     assert says in out and not any(c in out + err for c in "\x1b\x07\x9b"), out + err
 
 
+def test_a_reply_past_the_size_cap_is_an_error_not_all_of_memory(capsys):
+    """The whole reply was read into memory: a server that streams a body without end grew verify without end."""
+    def flood(conn):
+        conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+        for _ in range(256):  # MiB: without end as far as verify reads, and an end for a client without a cap
+            conn.sendall(b"[" * (1 << 20))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code, report, _ = verify(answering(flood), capsys, "--niah-depths", "")
+    assert code == 1 and statuses(report) == {"server": "error"}
+    assert report["probes"][0]["detail"].endswith(f"/v1/models: answer over the {16 << 20}-byte cap")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 64 << 10  # KiB
+
+
+@pytest.mark.parametrize("at_once", [0, len(http_response("200 OK", b""))], ids=["status line and headers", "body"])
+def test_a_reply_dripped_a_byte_at_a_time_times_out_by_the_probe_timeout(capsys, at_once):
+    """Each byte came well within the socket's timeout, so a dripped reply held a probe as long as the server
+    dripped, whatever --timeout said."""
+    response = http_response("200 OK", b" " * 40)
+
+    def drip(conn):
+        conn.sendall(response[:at_once])
+        for byte in response[at_once:]:
+            time.sleep(0.1)
+            conn.sendall(bytes([byte]))
+    start = time.monotonic()
+    code, report, _ = verify(answering(drip), capsys, "--niah-depths", "", "--timeout", "1")
+    assert code == 1 and statuses(report) == {"server": "timeout"} and time.monotonic() - start < 2
+
+
 def test_control_characters_in_an_answer_are_escaped_in_the_json_and_the_record(server, capsys, tmp_path):
     """ensure_ascii=False escaped C0 only: C1's CSI (\\x9b) and U+2028 went to the terminal, or the record, raw."""
     answer = "Paris \x1b[2J\x9b2J\u2028."
@@ -353,10 +382,10 @@ def test_seconds_must_be_positive_and_finite(server, capsys, flag, value):
     assert srv.prompts == []                                          # refused before any probe ran
 
 
-@pytest.mark.parametrize("url", ["HEAD/v1/models", "http://a..b:1/v1/models", "http://127.0.0.1:1/a b"])
-def test_a_url_urllib_cannot_use_is_a_probe_error(url):
-    with pytest.raises(vp.ProbeError, match="bad URL"):
-        vp.get_json(url, timeout=1)
+@pytest.mark.parametrize("url", ["HEAD/v1/models", "http://a..b:1/v1/models", "{listener}/a b"])
+def test_a_url_http_client_cannot_use_is_a_probe_error(url):
+    with pytest.raises(vp.ProbeError, match="bad URL"):  # the path is checked once connected: someone listens
+        vp.get_json(url.format(listener=answering(b"")), timeout=1)
 
 
 @pytest.mark.parametrize("depth", [256, 16384])

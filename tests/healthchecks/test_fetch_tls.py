@@ -1,4 +1,4 @@
-"""fetch.get over https: a real TLS server with a certificate made here, verified as by default, and
+"""fetch.request over https: a real TLS server with a certificate made here, verified as by default, and
 a handshake that may not outlast what the TCP connect left of the deadline."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from dsaops.healthchecks import fetch
+
+from dsaops import fetch
 
 
 def certificate(folder, name: x509.GeneralName):
@@ -72,7 +73,7 @@ LOOPBACK = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
 def test_https_answers_when_the_certificate_is_trusted(tls_server, tmp_path, monkeypatch):
     cert, key = certificate(tmp_path, LOOPBACK)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context's trust store
-    assert fetch.get(tls_server(cert, key), deadline_s=3, max_bytes=100) == (200, b"ok")
+    assert fetch.request(tls_server(cert, key), deadline_s=3, max_bytes=100) == (200, b"ok")
 
 
 @pytest.mark.parametrize("name,trusted,error", [
@@ -84,7 +85,7 @@ def test_https_verifies_the_certificate_and_its_name(name, trusted, error, tls_s
     if trusted:
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     with pytest.raises(fetch.FetchError, match=error):
-        fetch.get(tls_server(cert, key), deadline_s=3, max_bytes=100)
+        fetch.request(tls_server(cert, key), deadline_s=3, max_bytes=100)
 
 
 def test_the_tls_handshake_waits_only_what_the_connect_left():
@@ -114,7 +115,7 @@ def test_the_tls_handshake_waits_only_what_the_connect_left():
     thread.start()
     try:
         with pytest.raises(fetch.FetchError):
-            fetch.get(f"https://127.0.0.1:{port}/", deadline_s=deadline, max_bytes=100)
+            fetch.request(f"https://127.0.0.1:{port}/", deadline_s=deadline, max_bytes=100)
         took = time.monotonic() - start
     finally:
         done.set()
