@@ -51,7 +51,8 @@ def add_parser(sub) -> None:
     e.add_argument("--limit", type=count, help="the first N problems only")
     ref = e.add_mutually_exclusive_group()
     ref.add_argument("--reference", help="compare with this recorded run (JSON from --record), per problem")
-    ref.add_argument("--record", help="write this run here, as a reference for later runs")
+    ref.add_argument("--record", help="write this run here, as a reference for later runs (not when the server "
+                     "left a problem unanswered)")
     e.add_argument("--concurrency", type=whole_up_to(EVAL_CONCURRENCY_MOST), default=8, help="requests in flight (default 8)")
     e.add_argument("--max-tokens", type=count, default=4096, help="per answer; reasoning models think first "
                    "(default 4096)")
@@ -194,9 +195,12 @@ def run_eval(args) -> int:
                        max_tokens=args.max_tokens, timeout=args.timeout, exec_timeout=args.exec_timeout,
                        exec_memory_mb=args.exec_memory_mb, progress=progress)
     record = eval_run.as_record(run, task=args.task, server_url=url, model=model, max_tokens=args.max_tokens)
-    if args.record:
+    report = eval_run.report(record, reference)
+    # a reference must score the model: misses the server caused would replace a good one with a false one
+    if args.record and report["unanswered"]:
+        progress(f"not recorded to {args.record}: {report['unanswered']} problem(s) unanswered by the server")
+    elif args.record:
         eval_run.write_record(args.record, record)
         progress(f"run recorded to {args.record}")
-    report = eval_run.report(record, reference)
     print(json.dumps(report, indent=2) if args.json else eval_run.table(report))
     return 1 if report["unanswered"] else 0

@@ -84,6 +84,19 @@ def test_a_silent_server_is_bounded(standin, capsys):
     assert "FAILED: 3 problem(s) unanswered" in out
 
 
+def test_a_run_the_server_left_unanswered_keeps_the_record_there(standin, tmp_path, capsys):
+    """A reference recorded earlier is not replaced by a run whose misses are the server's."""
+    record = tmp_path / "bf16.json"
+    rc, _, _ = evaluate(capsys, standin(answers=answers("rwrwrw"), token_latency=0.0), "--record", str(record))
+    before = record.read_bytes()
+    assert rc == 0 and json.loads(before)["passed"] == 3
+    rc = main(["bench", "eval", "--server-url", standin(stall=True), "--task", "humaneval", "--limit", "2",
+               "--timeout", "1", "--concurrency", "2", "--record", str(record)])
+    err = capsys.readouterr().err
+    assert rc == 1 and record.read_bytes() == before
+    assert f"not recorded to {record}: 2 problem(s) unanswered" in err
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--reference", "/nonexistent.json"], "cannot read the reference /nonexistent.json"),
     (["--reference", "{other}"], "is a 'gsm8k' run, not 'humaneval'"),
