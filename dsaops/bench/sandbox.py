@@ -4,12 +4,15 @@ network and cannot run away.
 - Network: a new network namespace (`unshare --net`: no interface but a loopback that is down)
   where the kernel permits one, as root or in an unprivileged user namespace; elsewhere the
   program starts with the socket module's constructors replaced by a refusal (weaker: code that
-  reaches the C library could still connect; `isolation()` says which is in force).
+  reaches the C library or starts another program could still connect; `isolation()` says which
+  is in force).
 - Runaway code: address-space, CPU-time, file-size and process-count rlimits; a wall-clock
   limit that kills the process group, and with namespaces a PID namespace whose end takes every
-  descendant along (a fork bomb that calls setsid included); without them, a sweep of the
-  processes still running the program. Run as root, the program drops to
-  nobody (65534) first, so the process-count limit binds and it writes nowhere it may not.
+  descendant along (a fork bomb that calls setsid included); without them, as root, a sweep of
+  every process with the program's user id, else of the processes still running the program.
+  Run as root, the program drops to a user id of its own first (no account has it, no process
+  runs as it), so the process-count limit binds, it writes nowhere it may not, and the sweep
+  finds a descendant that left the group and runs another program.
 - It starts in an empty folder of its own with a bare environment, the interpreter isolated
   (-I -S: no site-packages, no environment variables read).
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
+import random
 import shutil
 import signal
 import subprocess
@@ -29,7 +34,7 @@ from pathlib import Path
 from dsaops.bench import bounded
 from dsaops.verify_probes import printable
 
-NOBODY = 65534
+RUN_UIDS = range(0x70000000, 0x71000000)   # past systemd's container ranges: ids no account is given
 OUTPUT_LIMIT = 1 << 20       # bytes a program may write to stdout and stderr together
 SPARE_PROCESSES = 32         # processes a program may add to its user's count
 UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
@@ -46,6 +51,15 @@ if uid >= 0:
     os.setgroups([]); os.setgid(uid); os.setuid(uid)
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 os.execv(sys.executable, [sys.executable, "-I", "-S", prog])
+"""
+
+# Run as the program's user id: every process with it but this one (kill -1), none left.
+_KILL_ALL = """\
+import os, signal
+try:
+    os.kill(-1, signal.SIGKILL)
+except ProcessLookupError:
+    pass
 """
 
 # Prepended to the program where no network namespace can be had.
@@ -111,7 +125,7 @@ def run_python(code: str, *, timeout: float, memory_mb: int, mode: str | None = 
         program.chmod(0o644)
         python, uid = interpreter(), -1
         if os.geteuid() == 0 and mode != "userns" and _others_may_run(python):
-            uid = NOBODY
+            uid = _unused_uid()
         prefix = [] if mode == "sockets" else UNSHARE + (["--map-root-user"] if mode == "userns" else []) + ["--"]
         argv = prefix + [python, "-I", "-S", "-c", _LAUNCH, str(memory_mb << 20), str(int(timeout) + 1),
                          str(OUTPUT_LIMIT), str(_process_limit(uid)), str(uid), str(program)]
@@ -119,7 +133,7 @@ def run_python(code: str, *, timeout: float, memory_mb: int, mode: str | None = 
             started = time.monotonic()
             rc = bounded.run(argv, timeout, cwd=folder, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                              env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(folder)})
-            _kill_strays(str(program))
+            _kill_strays(str(program), uid, python)
             seconds = round(time.monotonic() - started, 3)
             flooded = os.fstat(output.fileno()).st_size >= OUTPUT_LIMIT
             output.seek(max(0, os.fstat(output.fileno()).st_size - 4096))
@@ -144,9 +158,26 @@ def _outcome(rc: int | None, text: str, seconds: float, timeout: float, flooded:
     return Outcome("failed", last or f"exit status {rc}", seconds)
 
 
-def _kill_strays(program: str) -> None:
+def _unused_uid() -> int:
+    """A user id that no account names and no process runs as: the program's alone."""
+    running = set(_process_uids())
+    while True:
+        uid = random.choice(RUN_UIDS)
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            if uid not in running:
+                return uid
+
+
+def _kill_strays(program: str, uid: int, python: str) -> None:
     """Forks that left the process group (setsid) and, without a PID namespace, outlived it: every
-    process still running the program, until none is left."""
+    process with the program's own user id; run as the caller's, every process still running the
+    program, until none is left."""
+    if uid >= 0:
+        subprocess.run([python, "-I", "-S", "-c", _KILL_ALL], user=uid, group=uid, extra_groups=[], env={},
+                       stdin=subprocess.DEVNULL, capture_output=True, check=False)
+        return
     marker = program.encode()
     for _ in range(50):
         found = False
@@ -167,13 +198,17 @@ def _kill_strays(program: str) -> None:
 
 def _process_limit(uid: int) -> int:
     """Processes the program's user may have: what it has now, plus a few."""
-    owner = os.getuid() if uid < 0 else uid
-    count = 0
+    return _process_uids().count(os.getuid() if uid < 0 else uid) + SPARE_PROCESSES
+
+
+def _process_uids() -> list[int]:
+    """The owner of each running process."""
+    uids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                count += entry.stat().st_uid == owner
+                uids.append(entry.stat().st_uid)
             except OSError:
                 pass
-    return count + SPARE_PROCESSES
+    return uids
 

@@ -99,7 +99,7 @@ def test_an_output_flood_is_stopped(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_fork_bomb_leaves_nothing_behind(mode):
-    need(os.geteuid() == 0 or mode == "namespace", "root (the process-count limit binds once it drops to nobody)")
+    need(os.geteuid() == 0 or mode == "namespace", "root (the process-count limit binds once it drops to a user id of its own)")
     bomb = ("import os\nwhile True:\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
             "    except OSError:\n        pass\n")
     outcome = run(bomb, mode, timeout=1.5)
@@ -116,3 +116,28 @@ def test_a_fork_bomb_leaves_nothing_behind(mode):
                 pass
         return found
     assert wait_for(lambda: not strays(), 5), f"bomb processes left: {strays()}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_process_that_left_the_group_and_the_program_is_killed_too(mode):
+    """A descendant in a session of its own running another program: neither the group nor the
+    program's name finds it; its user id (root) or the PID namespace does."""
+    need(os.geteuid() == 0 or mode == "namespace", "root (the program runs as a user id of its own)")
+    marker = f"{time.time() % 1000 + 1000:.3f}"
+    outcome = run(f"import subprocess\nsubprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n", mode)
+    assert outcome.status == "passed", outcome
+
+    def left() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read() == f"sleep\0{marker}\0".encode():
+                        found.append(int(pid))
+            except OSError:
+                pass
+        return found
+    survivors = left() if not wait_for(lambda: not left(), 2) else []
+    for pid in survivors:
+        os.kill(pid, 9)
+    assert not survivors, "a process the program started outlived it"
