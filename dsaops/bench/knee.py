@@ -22,18 +22,19 @@ class Knee:
 
 
 def find(levels: list[int], throughput: list[float]) -> Knee:
+    """`levels`: two or more, rising."""
     for k in range(len(levels) - 1):
         t0, t1 = throughput[k], throughput[k + 1]
         efficiency = (t1 / t0 - 1) / (levels[k + 1] / levels[k] - 1) if t0 > 0 else 0.0
         if efficiency < KNEE_GAIN:
             return Knee(k, levels[k], levels[k - 1] if k else 0, levels[k])
-    return Knee(None, None, levels[-1] if len(levels) > 1 else 0, None)
+    return Knee(None, None, levels[-1], None)
 
 
 def agrees(levels: list[int], knee: Knee, cap: int) -> bool:
     """The cap within the knee's bracket widened by one level of the sweep on each side."""
     if knee.index is None:  # no knee: the cap must lie above the levels that kept growing
-        return cap > (levels[-2] if len(levels) > 1 else 0)
+        return cap > levels[-2]
     low = levels[knee.index - 2] if knee.index >= 2 else 0
     high = levels[knee.index + 1]
     return low < cap <= high

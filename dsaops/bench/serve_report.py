@@ -14,7 +14,7 @@ def build(sweep, caps: dict, settings: dict) -> dict:
     """Everything the table, the JSON and the plot show, computed once."""
     levels = [lv.concurrency for lv in sweep.levels]
     throughput = [lv.output_tok_s for lv in sweep.levels]
-    knee = kneemod.find(levels, throughput) if levels else None
+    knee = kneemod.find(levels, throughput) if len(levels) > 1 else None   # growth needs two levels
     return {
         "settings": settings,
         "levels": [asdict(lv) for lv in sweep.levels],
@@ -51,6 +51,8 @@ def table(report: dict) -> str:
                      f"(the running-request cap lies in {knee['low'] + 1}..{knee['high']})")
     elif knee:
         lines.append(f"knee: not reached; throughput still grew at concurrency {knee['low']}: extend --concurrency")
+    elif report["levels"]:
+        lines.append("knee: one level measured; sweep two or more (--concurrency) to find it")
     for name, cap in report["caps"].items():
         if cap:
             lines.append(f"{name} cap: {cap['total']} running requests, binding {cap['binding'] or 'unknown'} "
@@ -58,7 +60,7 @@ def table(report: dict) -> str:
         else:
             lines.append(f"{name} cap: unknown")
     lines += [f"DISAGREE: {d}" for d in report["disagreements"]]
-    if report["levels"] and not report["disagreements"]:
+    if knee and not report["disagreements"]:
         lines.append("agree: the knee matches every cap named")
     if report["failure"]:
         lines.append(f"FAILED: {report['failure']}")

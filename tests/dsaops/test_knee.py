@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsaops.bench import knee
+from dsaops.bench import generator, knee, serve_report, sweep
 from dsaops.bench.capacity import Cap
 
 LEVELS = [1, 2, 4, 8, 16, 32]
@@ -46,3 +46,14 @@ def test_findings_flag_only_what_disagrees():
     lines = knee.findings(LEVELS, found, {"server": server, "plan": plan_bad})
     assert len(lines) == 3 and all("plan" in line for line in lines)
     assert knee.findings(LEVELS, found, {"server": None, "plan": None}) == []
+
+
+@pytest.mark.parametrize("cap", [4, 64])
+def test_one_level_shows_no_knee_and_claims_no_agreement(cap):
+    """A sweep that measured one level (one asked for, or the next one failed) says nothing of growth."""
+    level = generator.Level(8, 16, 16, 2.0, 10.0, 20.0, 1.0, 2.0, 500.0, 8.0, None)
+    report = serve_report.build(sweep.Sweep([level]), {"server": Cap(cap, [cap], "kv", "s")}, {})
+    text = serve_report.table(report)
+    assert report["knee"] is None and report["disagreements"] == []
+    assert "knee: one level measured; sweep two or more (--concurrency) to find it" in text
+    assert "agree" not in text and "grew" not in text
