@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,15 @@ def _git(*args: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+def _source_url() -> str:
+    """origin's URL without the user and password a clone's URL may carry: the label ships with the image."""
+    url = _git("remote", "get-url", "origin")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme and "@" in parts.netloc:
+        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return url
+
+
 def _target(name: str):
     from dsaops import targets
 
@@ -76,7 +86,7 @@ def build_args(target, extra: dict[str, str] | None = None) -> dict[str, str]:
         "FP8_DTYPE": target.fp8_dtype,
         "IMAGE_UID": str(target.image_uid),
         "DSAOPS_VERSION": __version__,
-        "SOURCE_URL": _git("remote", "get-url", "origin"),
+        "SOURCE_URL": _source_url(),
         "REVISION": _git("describe", "--always", "--dirty", "--abbrev=40"),
         "CREATED": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

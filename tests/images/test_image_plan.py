@@ -231,3 +231,18 @@ def test_the_sglang_pin_is_the_only_source(tmp_path):
                              env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True, check=True)
         opts, args = options(commands(out.stdout)[0])
         assert (opts["--tag"], args["SGLANG_VERSION"], args["BASE_IMAGE"]) == (f"dsaops/sglang:9.8.7-{name}", "9.8.7", base)
+
+
+@pytest.mark.parametrize(("origin", "label"), [
+    ("https://ci:ghp_0123456789abcdef@git.example.com/team/dsaops.git", "https://git.example.com/team/dsaops.git"),
+    ("ssh://deploy@git.example.com:2222/team/dsaops.git", "ssh://git.example.com:2222/team/dsaops.git"),
+    ("git@git.example.com:team/dsaops.git", "git@git.example.com:team/dsaops.git"),
+])
+def test_the_source_label_carries_no_credentials_of_the_clone(tmp_path, origin, label):
+    """A clone made with a token in its URL: the image's source label (public with the image) drops it."""
+    source = copy_sources(tmp_path / "src")
+    subprocess.run(["git", "-C", str(source), "remote", "add", "origin", origin], check=True)
+    out = subprocess.run([sys.executable, "-m", "dsaops", "image", "plan", "--arch", "sm_90"], cwd=source,
+                         env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True, check=True)
+    assert options(commands(out.stdout)[0])[1]["SOURCE_URL"] == label
+    assert "ghp_" not in out.stdout
