@@ -291,12 +291,26 @@ def add_parser(sub) -> None:
         a.set_defaults(func=run)
 
 
+def dockerfile_args() -> list[str]:
+    """The build arguments images/Dockerfile declares (its ARG lines), each once, in order."""
+    lines = DOCKERFILE.read_text().splitlines()
+    return list(dict.fromkeys(line.split()[1].split("=")[0] for line in lines if line.startswith("ARG ")))
+
+
 def _parse_build_args(pairs: list[str]) -> dict[str, str]:
     bad = [p for p in pairs if "=" not in p or not ENV_NAME.fullmatch(p.split("=", 1)[0])]
     if bad:
         raise UserError(f"--build-arg takes KEY=VALUE, KEY of letters, digits and '_' not starting with a digit; "
                         f"not {', '.join(map(repr, bad))}")
-    return dict(p.split("=", 1) for p in pairs)
+    given = dict(p.split("=", 1) for p in pairs)
+    # Docker only warns about an argument no ARG takes, then builds without it (a misspelt SGLANG_DEPS
+    # downloads SGLang's dependencies); a bad SGLANG_DEPS fails only after the `python` stage has built.
+    if unknown := [key for key in given if key not in dockerfile_args()]:
+        raise UserError(f"--build-arg {', '.join(unknown)}: images/Dockerfile takes no such argument; "
+                        f"check the spelling (it takes {', '.join(dockerfile_args())})")
+    if given.get("SGLANG_DEPS", "pypi") not in ("pypi", "none"):
+        raise UserError(f"--build-arg SGLANG_DEPS takes pypi or none, not {given['SGLANG_DEPS']!r}")
+    return given
 
 
 def run(args) -> int:

@@ -13,7 +13,7 @@ import pytest
 from dsaops.sglang_patches.series import load
 
 from dsaops.errors import UserError
-from dsaops.image import build_wheel, stage_context
+from dsaops.image import build_wheel, dockerfile_args, stage_context
 from dsaops.pins import SGLANG as SGLANG_PIN
 from tests.images.docker_build import REPO, copy_sources
 
@@ -70,10 +70,8 @@ def test_plan_has_the_targets_platform_base_and_arguments(name):
 
 
 def test_every_build_argument_is_declared_in_the_dockerfile():
-    dockerfile = (REPO / "images" / "Dockerfile").read_text()
-    declared = {line.split()[1].split("=")[0] for line in dockerfile.splitlines() if line.startswith("ARG ")}
     _, args = options(commands(make_plan("ARCH=sm_90").stdout)[0])
-    assert set(args) <= declared, set(args) - declared
+    assert set(args) <= set(dockerfile_args()), set(args) - set(dockerfile_args())
 
 
 def test_tag_registry_and_push():
@@ -155,6 +153,22 @@ def test_a_build_arg_without_a_name_is_refused(bad, capsys):
     captured = capsys.readouterr()
     assert captured.err == (f"dsaops image: --build-arg takes KEY=VALUE, KEY of letters, digits and '_' not starting "
                             f"with a digit; not {bad!r}\n") and not captured.out
+
+
+@pytest.mark.parametrize(("arg", "message"), [
+    ("SGLANG_DEP=none", ("--build-arg SGLANG_DEP: images/Dockerfile takes no such argument; check the spelling (it "
+                         "takes BASE_IMAGE, BASE_CARRIES_SGLANG, SYSTEM_PACKAGES, SGLANG_VERSION, SGLANG_DEPS, ")),
+    ("SGLANG_DEPS=pip", "--build-arg SGLANG_DEPS takes pypi or none, not 'pip'"),
+])
+def test_a_build_arg_the_dockerfile_cannot_use_is_refused_before_building(tmp_path, arg, message):
+    """Docker would only warn about the misspelt name, and reject the bad value after building a stage."""
+    context = tmp_path / "context"
+    out = subprocess.run([sys.executable, "-m", "dsaops", "image", "build", "--arch", "sm_90", "--context", str(context),
+                          "--build-arg", arg], cwd=REPO, env=os.environ | {"DOCKER_HOST": f"unix://{tmp_path}/no.sock"},
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"dsaops image: {message}") and out.stderr.count("\n") == 1, out.stderr
+    assert not context.exists()
 
 
 def test_the_targets_table_is_the_only_source(tmp_path):
