@@ -7,13 +7,29 @@
 # starts it here beside SGLang, following that log, with its state file on the log's volume;
 # 0 leaves it to its own container (what the playbooks deploy).
 # SIGTERM/SIGINT (`docker stop`) go to SGLang, which shuts down cleanly; the exporter is
-# stopped after SGLang has exited, and the container exits with SGLang's status.
+# stopped after SGLang has exited, and the container exits with SGLang's status. Before that they
+# end DSAOPS_BEFORE_START's command, and SGLang does not start (exit 143).
 # A first argument that is not an option runs as a command instead (`docker run IMAGE bash`).
 set -uo pipefail
 
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     exec "$@"
 fi
+
+# PID 1 ignores a signal it has no trap for: from here on SIGTERM/SIGINT go to what runs now (the
+# before-start command, then SGLang), and nothing starts after them.
+stopping=""
+child=""
+trap 'stopping=1; kill -TERM "$child" 2>/dev/null' TERM INT
+# Waits for $child, setting status to its exit status; `wait` returns early when a trapped signal arrives.
+await_child() {
+    [ -z "$stopping" ] || kill -TERM "$child" 2>/dev/null
+    while :; do
+        wait "$child"
+        status=$?
+        kill -0 "$child" 2>/dev/null || return 0
+    done
+}
 
 log=${DSAOPS_LOG_FILE:-/var/log/dsaops/sglang.log}
 port=${DSAOPS_SERVER_PORT:-30000}
@@ -77,8 +93,13 @@ fi
 # container that Docker restarts after a crash waits for the memory the crashed one held.
 if [ -n "${DSAOPS_BEFORE_START:-}" ]; then
     # shellcheck disable=SC2086  # a command line: the words are its arguments
-    $DSAOPS_BEFORE_START || exit $?
+    $DSAOPS_BEFORE_START &
+    child=$!
+    await_child
+    child=""
+    [ "$status" = 0 ] || exit "$status"
 fi
+[ -z "$stopping" ] || exit 143
 
 if ! mkdir -p "$(dirname "$log")" || ! touch "$log"; then
     echo "dsaops-entrypoint: cannot write DSAOPS_LOG_FILE=$log; mount a writable folder there or set it elsewhere" >&2
@@ -91,7 +112,7 @@ fi
 exec {out}> >(dsaops log-writer "$log")
 writer_pid=$!
 python3 -m "$module" "$@" >&"$out" 2>&1 &
-server=$!
+child=$!
 exec {out}>&-  # only SGLang holds the pipe now: the writer ends once SGLang and its children have exited
 
 exporter=""
@@ -107,13 +128,7 @@ if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
     exporter=$!
 fi
 
-trap 'kill -TERM "$server" 2>/dev/null' TERM INT
-# `wait` returns early when a trapped signal arrives: keep waiting until SGLang has exited.
-while :; do
-    wait "$server"
-    status=$?
-    kill -0 "$server" 2>/dev/null || break
-done
+await_child
 
 if [ -n "$exporter" ]; then
     kill -TERM "$exporter" 2>/dev/null

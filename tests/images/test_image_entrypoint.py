@@ -216,3 +216,21 @@ def test_the_before_start_command_runs_first_and_its_failure_ends_the_container(
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
+
+
+def test_a_stop_during_the_before_start_command_ends_it_and_starts_nothing(tmp_path):
+    """`docker stop` while the memory wait runs: PID 1 ignores a SIGTERM it has no trap for, so without one the
+    wait ran on and SGLang started, to be SIGKILLed at the stop timeout. Now the wait ends and nothing starts."""
+    hook = tmp_path / "wait.sh"
+    hook.write_text("#!/bin/sh\nexec sleep 60\n")
+    hook.chmod(0o755)
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_BEFORE_START=str(hook))
+    try:
+        assert wait_for(lambda: [c for c in psutil.Process(proc.pid).children() if c.name() == "sleep"], 20)
+        [waiting] = [c for c in psutil.Process(proc.pid).children() if c.name() == "sleep"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 143
+        assert not waiting.is_running()
+    finally:
+        proc.kill()
+    assert "standin pid=" not in log_of(tmp_path)
