@@ -44,7 +44,9 @@ PLAN_JOIN = 'unless on (node, by) (dsa_concurrency_planned_binding == 1)'
     # the cap alert without the plan fires for the planned split; joined on node alone it misses the KV cap
     (PLAN_JOIN, "unless on (node, by) (vector(0) == 1)", "DsaConcurrencyCapped"),
     (PLAN_JOIN, PLAN_JOIN.replace("(node, by)", "(node)"), "DsaConcurrencyCapped"),
-], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node"])
+    # without keep_firing_for an exporter restart's missed scrape resolves a dead rank's alert
+    ("        keep_firing_for: 2m\n", "", "DsaWorkerRankDown"),
+], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node", "down-resolved-by-a-missed-scrape"])
 def test_negative_control_a_wrong_rule_fails_the_tests(promtool, tmp_path, right, wrong, alert):
     """The unit tests can fail: each rule made wrong fails its alert's cases."""
     (tmp_path / "tests").mkdir()
