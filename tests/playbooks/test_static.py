@@ -1,6 +1,7 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
 import contextlib
+import hashlib
 import http.server
 import json
 import os
@@ -720,6 +721,14 @@ def test_the_exporter_reads_the_plan_where_the_server_writes_it(tmp_path):
     assert "--volume /srv/dsaops-conf/plan.json:/srv/dsaops-conf/plan.json:ro" in exporter
     assert "--plan /srv/dsaops-conf/plan.json" in exporter and "/etc/dsaops/plan.json" not in exporter
     assert "/srv/dsaops-conf/exporter/api-key" in exporter and "/etc/dsaops" not in exporter
+
+
+def test_a_new_plan_re_creates_the_exporter(tmp_path):
+    """The exporter reads plan.json only at start (its pool and binding, which the alerts weigh): its start script
+    names the plan's checksum, so a new plan changes the script and the role re-creates the containers."""
+    plan = {"kv_pool_tokens_per_rank": 2400000, "binding_limit": "kv"}
+    written = json.dumps(plan, indent=4, sort_keys=True) + "\n"  # the server role's plan.json (to_nice_json)
+    assert hashlib.sha256(written.encode()).hexdigest() in render_exporter(tmp_path, preflight_plan=plan)
 
 
 @contextlib.contextmanager
