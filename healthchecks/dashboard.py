@@ -218,7 +218,7 @@ def build() -> dict:
     dash = dash.with_panel(timeseries_panel(
         "Exporter errors by source",
         query(f"sum by (node, source) (rate(dsa_exporter_errors_total{{{N}}}[$__rate_interval]))", "{{node}} {{source}}"),
-        unit="reqps"))
+        unit="cps"))
     dash = dash.with_panel(timeseries_panel(
         "Exporter loop age", query(f"dsa_exporter_loop_age_seconds{{{N}}}", "{{node}} {{loop}}"), unit="s")
         .thresholds(steps((None, GREEN), (60, RED))))
