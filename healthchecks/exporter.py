@@ -55,7 +55,8 @@ class Exporter:
         self.poller = ServerInfoPoller(cfg.server_url, self.errors, interval=cfg.interval, api_key=cfg.api_key)
         self.keeper = None
         if cfg.state_file:
-            parts = {"processes": self.watcher} | ({"log": self.log} if self.log is not None else {})
+            parts = ({"processes": self.watcher} | ({"log": self.log} if self.log is not None else {})
+                     | ({"containers": self.containers} if self.containers is not None else {}))
             self.keeper = StateKeeper(cfg.state_file, self.errors, parts)
             self.watcher.on_death = self.keeper.save
 

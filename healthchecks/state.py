@@ -1,8 +1,9 @@
 """The exporter's memory across its restarts: a small JSON file on the node.
 
 It holds the death counts and up states, the ranks the exporter saw (pid, start time,
-launcher, cgroup, container), the processes already judged, the cgroups' oom_kill counts, and
-what the log taught with the follower's position in it. A restarted exporter takes it back
+launcher, cgroup, container), the processes already judged, the cgroups' oom_kill counts,
+the containers' restart counts with the Id last seen, and what the log taught with the
+follower's position in it. A restarted exporter takes it back
 before its loops start (`restore`), so a death is neither forgotten nor counted twice, and
 one that happened while it was down is judged from the log lines written meanwhile and the
 container's state.

@@ -1,5 +1,6 @@
 """Containers as a source, against a real dockerd started here (vfs storage, no network):
-a container in a restart loop, one the OOM killer ended, and an engine that stops answering."""
+a container in a restart loop, one the OOM killer ended, one removed and run again under its
+name (as the systemd unit does) across exporter restarts, and an engine that stops answering."""
 from __future__ import annotations
 
 import shutil
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from dsaops.healthchecks.containers import ContainerCollector, Containers
+from dsaops.healthchecks.exporter import Config, Exporter
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -42,9 +44,17 @@ def engine(dockerd):
 
 def collect(names, url, errors=None):
     errors = errors or ErrorCounts()
+    return scrape(Containers(names, errors, base_url=url)), errors
+
+
+def scrape(containers):
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ContainerCollector(Containers(names, errors, base_url=url), Families("n1")))
-    return exposition(generate_latest(registry).decode()), errors
+    registry.register(ContainerCollector(containers, Families("n1")))
+    return exposition(generate_latest(registry).decode())
+
+
+def restarts(containers, name):
+    return scrape(containers)[f'dsa_container_restarts_total{{container="{name}",node="n1"}}']
 
 
 def test_restart_loop_exit_code_and_oom(engine):
@@ -93,3 +103,50 @@ def test_oom_killed_container_is_a_cause(engine):
     assert Containers(["calm", "oom"], errors, engine["url"]).oom_killed() is True
     assert Containers(["calm", "loop"], errors, engine["url"]).oom_killed() is False
     assert errors.counts()["docker"] == 0
+
+
+def test_a_container_run_anew_under_its_name_is_a_restart_across_exporter_restarts(engine, tmp_path):
+    """The systemd unit's start: `docker rm --force NAME`, then a new container (RestartCount 0)."""
+    d, exporters = engine["docker"], []
+
+    def run_anew():
+        d("rm", "--force", "anew")
+        d("run", "-d", "--network", "none", "--name", "anew", IMAGE, "/bin/sh", "-c", "sleep 600")
+
+    def exporter():  # a new exporter's state, taken back from the file it saves when it stops
+        if exporters:
+            exporters[-1].keeper.save()
+        exp = Exporter(Config(server_url="http://127.0.0.1:9", node="n1", containers=["anew"],
+                              docker_url=engine["url"], state_file=str(tmp_path / "state.json"), kmsg=None))
+        exp.keeper.restore()
+        exporters.append(exp)
+        return exp.containers
+
+    run_anew()
+    containers = exporter()
+    assert restarts(containers, "anew") == 0
+    run_anew()
+    assert restarts(containers, "anew") == 1
+    assert restarts(containers, "anew") == 1  # looked at again: the same container
+    containers = exporter()
+    assert restarts(containers, "anew") == 1  # restarted exporter: neither lost nor counted again
+    run_anew()  # and the exporter restarts before its next look
+    containers = exporter()
+    assert restarts(containers, "anew") == 2
+    assert all(e.errors.counts()["docker"] == e.errors.counts()["state"] == 0 for e in exporters)
+
+
+def test_restarts_by_docker_are_counted_once_and_a_start_by_hand_loses_none(engine):
+    """Docker restarts keep the Id: no re-creation on top of RestartCount. `docker start` resets
+    RestartCount to 0; the counter keeps what it had counted and goes on from there."""
+    d, containers = engine["docker"], Containers(["twice"], ErrorCounts(), base_url=engine["url"])
+    d("run", "-d", "--network", "none", "--restart", "on-failure:2", "--name", "twice", IMAGE,
+      "/bin/sh", "-c", "sleep 2; exit 3")
+    exited = 'dsa_container_running{container="twice",node="n1"}'
+    assert wait_for(lambda: scrape(containers).get(exited) == 0 and restarts(containers, "twice") == 2, 30, 0.2)
+    wait_for(lambda: False, 1)
+    assert restarts(containers, "twice") == 2
+    d("start", "twice")
+    assert d("inspect", "--format", "{{.RestartCount}}", "twice").stdout.strip() == b"0"
+    assert restarts(containers, "twice") == 2  # a Prometheus counter never goes down
+    assert wait_for(lambda: restarts(containers, "twice") == 4, 30, 0.2), restarts(containers, "twice")
