@@ -224,7 +224,7 @@ def odd_values_reach_docker_as_they_are(sandbox, roots):
     ran = sandbox.ssh("node2", f"PATH={fake}:/usr/bin:/bin sh {shlex.quote(str(script))} run")
     assert ran.returncode == 0, ran.stderr
     argv = (fake / "argv").read_bytes().split(b"\0")[:-1]
-    assert argv[:2] == [b"run", b"--rm"] and b"--chat-template" in argv
+    assert argv[:2] == [b"run", b"--name"] and b"--rm" not in argv and b"--chat-template" in argv
     assert argv[argv.index(b"--chat-template") + 1] == ODD.encode()
     assert f"DSAOPS_ODD={ODD}".encode() in argv
     assert not os.path.exists(pwned)
