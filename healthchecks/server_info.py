@@ -24,7 +24,7 @@ from dsaops.healthchecks.logparse import GIB, LogState
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
-from dsaops import concurrency, fetch
+from dsaops import concurrency, fetch, plan_input
 from dsaops.api_key import headers
 from dsaops.errors import UserError
 
@@ -206,10 +206,9 @@ NO_PLAN = PlanFigures(None, None)
 def read_plan(path: str) -> PlanFigures:
     """`kv_pool_tokens_per_rank` and `binding_limit` from `dsaops plan --json` output."""
     try:
-        with open(path) as f:
-            plan = json.load(f)
+        plan = plan_input.parse_json(plan_input.read_text(path, "--plan", fix="not a plan", error=ValueError))
         value = plan["kv_pool_tokens_per_rank"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: JSON nested too deep
+    except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"--plan {path}: cannot read kv_pool_tokens_per_rank ({e}); "
                         "give the output of `dsaops plan ... --json`") from e
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:  # JSON true is a Python int

@@ -158,6 +158,14 @@ def test_plan(tmp_path):
             read_plan(str(bad))
 
 
+def test_a_plan_is_read_to_a_bound(tmp_path):
+    """A --plan past 1 MiB (or /dev/zero) is refused, not read whole: json.load read it all first."""
+    big = tmp_path / "plan.json"
+    big.write_text('{"kv_pool_tokens_per_rank": 5' + " " * (2 << 20) + "}")
+    with pytest.raises(UserError, match=r"^--plan .*: cannot read kv_pool_tokens_per_rank \(.*larger than 1 MiB"):
+        read_plan(str(big))
+
+
 # --- stock and patched SGLang, /server_info as the pinned wheel builds it --------------------
 
 GLM_ARGS = {"attn_dp_size": 1, "tp_size": 1, "max_running_requests": 48, "context_length": 131072,
