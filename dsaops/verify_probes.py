@@ -44,6 +44,7 @@ _FAILURES = (
     (ConnectionRefusedError, "cannot connect"),
     ((ConnectionError, http.client.IncompleteRead), "connection dropped"),
     (http.client.HTTPException, "not an HTTP answer"),                    # e.g. SSH's banner
+    (TimeoutError, "no answer in time"),
     (OSError, "cannot connect"),                                          # no such host, no route
 )
 
@@ -85,6 +86,12 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def failure(e: fetch.FetchError) -> str:
+    """A failed request in words, by its cause (_FAILURES), escaped; the cap's own words without one."""
+    what = next((what for kinds, what in _FAILURES if isinstance(e.__cause__, kinds)), None)
+    return printable(f"{what}: {type(e.__cause__).__name__}: {e.__cause__}" if what else str(e))
+
+
 def _request(url: str, payload: dict | None, timeout: float, api_key: str | None = None) -> dict:
     data = json.dumps(payload).encode() if payload is not None else None
     headers = ({"Content-Type": "application/json"} if data else {}) | api_key_headers(api_key)
@@ -93,9 +100,7 @@ def _request(url: str, payload: dict | None, timeout: float, api_key: str | None
     except fetch.FetchError as e:
         if isinstance(e.__cause__, TimeoutError):
             raise ProbeError("timeout", f"no answer within {timeout:g} s") from None
-        what = next((what for kinds, what in _FAILURES if isinstance(e.__cause__, kinds)), None)
-        raise ProbeError("error", printable(f"{what}: {type(e.__cause__).__name__}: {e.__cause__}" if what
-                                            else str(e))) from None  # no cause: over the cap
+        raise ProbeError("error", failure(e)) from None
     if not 200 <= status < 300:
         raise ProbeError("error", f"HTTP {status}: {printable(body[:300].decode(errors='replace').strip())}")
     try:

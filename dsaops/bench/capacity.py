@@ -9,13 +9,12 @@ vocabulary: request, dp_split, kv, mamba.
 """
 from __future__ import annotations
 
-import http.client
 import math
 import re
-import urllib.request
 from dataclasses import dataclass
 
-from dsaops import concurrency, plan_input
+from dsaops import concurrency, fetch, plan_input
+from dsaops.cli_args import digits
 from dsaops.errors import UserError
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
@@ -77,7 +76,7 @@ def from_exporter_metrics(text: str) -> Cap | None:
             capped.append("request" if labels.get("by") == "none" else labels.get("by", ""))
     if not effective:
         return None
-    per_dp = [effective[k] for k in sorted(effective, key=lambda k: int(k) if re.fullmatch(r"[0-9]{1,12}", k) else -1)]
+    per_dp = [effective[k] for k in sorted(effective, key=_rank_order)]
     return Cap(sum(per_dp), per_dp, _most_common(capped), "exporter")
 
 
@@ -100,6 +99,12 @@ def from_plan(path: str) -> Cap:
     return Cap(per_dp * ranks, [per_dp] * ranks, binding, f"plan ({per_dp} per DP rank x {ranks})")
 
 
+def _rank_order(rank: str) -> int:
+    """A dp_rank label's place: by number, one that is not a number first."""
+    number = digits(rank)
+    return -1 if number is None else number
+
+
 def _requests(value: str, rank: str) -> int:
     """A dsa_max_running_requests sample's value; ValueError for +Inf, NaN, a fraction or a negative."""
     try:
@@ -113,14 +118,15 @@ def _requests(value: str, rank: str) -> int:
 
 
 def read_exporter(url: str, timeout: float) -> Cap | None:
-    """The exporter's cap; OSError or ValueError when it cannot say."""
+    """The exporter's cap; ValueError when it cannot say."""
+    from dsaops.verify_probes import failure
+
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as r:
-            text = r.read(EXPOSITION_MOST + 1)
-    except http.client.HTTPException as e:  # something else listens there
-        raise ValueError(f"not an HTTP answer: {type(e).__name__}: {e}") from None
-    if len(text) > EXPOSITION_MOST:
-        raise ValueError(f"/metrics is larger than {EXPOSITION_MOST >> 20} MiB: not a dsaops exporter")
+        status, text = fetch.request(url.rstrip("/") + "/metrics", deadline_s=timeout, max_bytes=EXPOSITION_MOST)
+    except fetch.FetchError as e:
+        raise ValueError(failure(e)) from None
+    if status != 200:
+        raise ValueError(f"/metrics answered HTTP {status}: not a dsaops exporter")
     return from_exporter_metrics(text.decode(errors="replace"))
 
 

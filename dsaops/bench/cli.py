@@ -161,7 +161,7 @@ def server_cap(url: str, key: str | None, exporter_url: str | None):
     if exporter_url:
         try:
             exported = capacity.read_exporter(exporter_url, timeout=10)
-        except (OSError, ValueError) as e:
+        except ValueError as e:
             exported = None
             progress(f"exporter {exporter_url}: {vp.printable(str(e))}: using /server_info alone")
         if exported and server:
