@@ -3,18 +3,20 @@ and a size cap.
 
 urllib's timeout bounds each socket operation, not the whole answer: a server that drips a
 byte a second, or pushes 200 MB, held the poller for good or grew its memory without end.
-Here the whole exchange (connect, TLS handshake, request, status line, headers, body) must end
-by the deadline: every read waits only what is left of it (`reader`). The body may not pass
-`max_bytes`; every failure is a `FetchError` (a bad URL, refused, timed out, too big, cut short,
-not HTTP), so a caller catches one thing, and its cause says which. Extra headers (an API key) go
-in `headers`.
+Here the whole exchange (host name lookup, connect, TLS handshake, request, status line,
+headers, body) must end by the deadline: every read waits only what is left of it (`reader`).
+The body may not pass `max_bytes`; every failure is a `FetchError` (a bad URL, refused, timed
+out, too big, cut short, not HTTP), so a caller catches one thing, and its cause says which.
+Extra headers (an API key) go in `headers`.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import http.client
 import io
 import socket
+import threading
 import time
 import urllib.parse
 
@@ -35,10 +37,11 @@ def request(url: str, *, deadline_s: float, max_bytes: int, headers: dict[str, s
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url} is not an http(s) URL with a host")
         kind = functools.partial(_HTTPSConnection, end=end) if parts.scheme == "https" else http.client.HTTPConnection
-        conn = kind(parts.hostname, parts.port, timeout=deadline_s)
+        conn = kind(parts.hostname, parts.port)
+        conn._create_connection = functools.partial(_connect, end)  # http.client's own seam for its connect
         conn.response_class = functools.partial(_Response, end=end)
         conn.connect()
-        _left(end, conn)
+        conn.sock.settimeout(_left(end))
         conn.request("GET" if data is None else "POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                      body=data, headers=headers or {})
         resp = conn.getresponse()
@@ -100,7 +103,7 @@ class _HTTPSConnection(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         http.client.HTTPConnection.connect(self)
-        _left(self._end, self)
+        self.sock.settimeout(_left(self._end))
         self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host)
 
 
@@ -113,9 +116,48 @@ class _Response(http.client.HTTPResponse):
         self.fp = reader(sock, end)
 
 
-def _left(end: float, conn) -> None:
-    """Give the socket what is left of the deadline (for the TLS handshake, sending the request)."""
+def _connect(end: float, address: tuple[str, int], *_) -> socket.socket:
+    """socket.create_connection with the name lookup and each address's TCP connect given only what is
+    left of the deadline (the timeout and source address http.client passes are not ours)."""
+    host, port = address
+    error: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, sockaddr in _lookup(host, port, end):
+        left = _left(end)
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(left)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as e:  # refused or unreachable there: the next address may answer
+            sock.close()
+            error = e
+    raise error
+
+
+def _lookup(host: str, port: int, end: float) -> list:
+    """getaddrinfo as create_connection asks it, waited for only until `end`: it takes no timeout,
+    and with a dead DNS server the system resolver blocks for seconds to tens of seconds. The
+    thread is a daemon, left to finish alone."""
+    found = concurrent.futures.Future()
+
+    def ask():
+        try:
+            found.set_result(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+        except (OSError, ValueError) as e:  # gaierror, a name IDNA cannot encode: request's FetchError
+            found.set_exception(e)
+
+    left = _left(end)
+    threading.Thread(target=ask, daemon=True).start()
+    try:
+        return found.result(timeout=left)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError("host name lookup not done within the deadline") from None
+
+
+def _left(end: float) -> float:
+    """The seconds left until `end` (for the lookup, each connect, the TLS handshake, sending the
+    request); TimeoutError when none are."""
     left = end - time.monotonic()
     if left <= 0:
         raise TimeoutError("no answer within the deadline")
-    conn.sock.settimeout(left)
+    return left

@@ -1,5 +1,6 @@
-"""fetch.request over https: a real TLS server with a certificate made here, verified as by default, and
-a handshake that may not outlast what the TCP connect left of the deadline."""
+"""fetch.request: a real TLS server with a certificate made here, verified as by default, for the
+URL's host name; a handshake that may not outlast what the TCP connect left of the deadline; a host
+name looked up within the deadline."""
 from __future__ import annotations
 
 import datetime
@@ -39,6 +40,7 @@ def certificate(folder, name: x509.GeneralName):
 
 class _Ok(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        self.server.hosts.append(self.headers["Host"])
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -49,17 +51,23 @@ class _Ok(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def tls_server():
+def serve():
+    """start() serves _Ok on 127.0.0.1, over TLS with a certificate; `.url` names `host`, `.hosts` and
+    `.names` list each request's Host header and TLS server name."""
     started = []
 
-    def start(cert, key) -> str:
+    def start(cert=None, key=None, host="127.0.0.1") -> http.server.ThreadingHTTPServer:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert, key)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.hosts, server.names = [], []
+        if cert:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(cert, key)
+            context.sni_callback = lambda sock, name, _: server.names.append(name)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
         started.append(server)
-        return f"https://127.0.0.1:{server.server_address[1]}/"
+        server.url = f"{'https' if cert else 'http'}://{host}:{server.server_address[1]}/"
+        return server
 
     yield start
     for server in started:
@@ -70,22 +78,61 @@ def tls_server():
 LOOPBACK = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
 
 
-def test_https_answers_when_the_certificate_is_trusted(tls_server, tmp_path, monkeypatch):
+def test_https_answers_when_the_certificate_is_trusted(serve, tmp_path, monkeypatch):
     cert, key = certificate(tmp_path, LOOPBACK)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context's trust store
-    assert fetch.request(tls_server(cert, key), deadline_s=3, max_bytes=100) == (200, b"ok")
+    assert fetch.request(serve(cert, key).url, deadline_s=3, max_bytes=100) == (200, b"ok")
 
 
-@pytest.mark.parametrize("name,trusted,error", [
-    (LOOPBACK, False, "CERTIFICATE_VERIFY_FAILED"),
-    (x509.DNSName("elsewhere.example"), True, "IP address mismatch"),  # a name other than the URL's host
+def test_https_to_a_host_name_checks_and_sends_that_name(serve, tmp_path, monkeypatch):
+    cert, key = certificate(tmp_path, x509.DNSName("localhost"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server = serve(cert, key, host="localhost")
+    assert fetch.request(server.url, deadline_s=3, max_bytes=100) == (200, b"ok")
+    assert server.names == ["localhost"]
+    assert server.hosts == [f"localhost:{server.server_address[1]}"]
+
+
+@pytest.mark.parametrize("name,host,trusted,error", [
+    (LOOPBACK, "127.0.0.1", False, "CERTIFICATE_VERIFY_FAILED"),
+    (x509.DNSName("elsewhere.example"), "127.0.0.1", True, "IP address mismatch"),  # not the URL's host
+    (LOOPBACK, "localhost", True, "Hostname mismatch"),  # the address connected to is not the name checked
 ])
-def test_https_verifies_the_certificate_and_its_name(name, trusted, error, tls_server, tmp_path, monkeypatch):
+def test_https_verifies_the_certificate_and_its_name(name, host, trusted, error, serve, tmp_path, monkeypatch):
     cert, key = certificate(tmp_path, name)
     if trusted:
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     with pytest.raises(fetch.FetchError, match=error):
-        fetch.request(tls_server(cert, key), deadline_s=3, max_bytes=100)
+        fetch.request(serve(cert, key, host).url, deadline_s=3, max_bytes=100)
+
+
+def test_a_host_name_is_looked_up_and_sent(serve):
+    server = serve(host="localhost")
+    assert fetch.request(server.url, deadline_s=3, max_bytes=100) == (200, b"ok")
+    assert server.hosts == [f"localhost:{server.server_address[1]}"]
+
+
+def test_the_host_name_lookup_waits_only_the_deadline(serve, monkeypatch):
+    """A dead DNS server makes getaddrinfo block for the resolver's timeouts; a real resolver cannot
+    be made to stall here, so this stand-in for getaddrinfo (the test's one) sleeps 3 s first."""
+    deadline, lookup, release = 0.5, socket.getaddrinfo, threading.Event()
+
+    def stalled(*args, **kwargs):
+        release.wait(3)
+        return lookup(*args, **kwargs)
+
+    url = serve(host="localhost").url
+    monkeypatch.setattr(socket, "getaddrinfo", stalled)
+    start = time.monotonic()
+    try:
+        got = fetch.request(url, deadline_s=deadline, max_bytes=100)
+    except fetch.FetchError as e:
+        got = e
+    finally:
+        release.set()
+    took = time.monotonic() - start
+    assert took < deadline + 0.3, (took, got)
+    assert str(got) == f"{url}: TimeoutError: host name lookup not done within the deadline"
 
 
 def test_the_tls_handshake_waits_only_what_the_connect_left():
