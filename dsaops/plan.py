@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from dsaops import concurrency, kv_budget, kv_layout, launch_args, model_geometry, plan_input, targets
+from dsaops.cli_args import whole_up_to
 from dsaops.errors import UserError
 
 DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
@@ -23,19 +24,20 @@ DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE d
 
 
 def add_parser(sub) -> None:
+    count = whole_up_to(plan_input.INT_MOST)  # check()'s bound, in ASCII digits: int() took '٣', '1_000', ' 7 '
     p = sub.add_parser("plan", help="KV pool, mamba slots and concurrency caps for a launch, before launching",
                        description=__doc__.splitlines()[0])
     m = p.add_mutually_exclusive_group()
     m.add_argument("--model", default=None, help="a model preset (default glm-5.3-flash)")
     m.add_argument("--model-config", help="the model's config.json instead of a preset")
     p.add_argument("--target", required=True, help="sm_90 | sm_121 | gfx942 (see `dsaops targets`)")
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--gpus-per-node", type=int, required=True)
-    p.add_argument("--tp-size", type=int, required=True)
-    p.add_argument("--dp-size", type=int, default=1, help="data-parallel replicas (with --enable-dp-attention: "
+    p.add_argument("--nodes", type=count, required=True)
+    p.add_argument("--gpus-per-node", type=count, required=True)
+    p.add_argument("--tp-size", type=count, required=True)
+    p.add_argument("--dp-size", type=count, default=1, help="data-parallel replicas (with --enable-dp-attention: "
                    "the attention-DP size, SGLang's deprecated spelling)")
     p.add_argument("--enable-dp-attention", action="store_true", help="deprecated: use --attn-dp-size")
-    p.add_argument("--attn-dp-size", type=int, default=None, help="attention-DP groups inside the TP group")
+    p.add_argument("--attn-dp-size", type=count, default=None, help="attention-DP groups inside the TP group")
     p.add_argument("--kv-cache-dtype", required=True, choices=["bf16", "bfloat16", "fp8_e4m3"])
     p.add_argument("--dsa-prefill-backend", help="e.g. tilelang (default: what SGLang picks for the target and KV "
                    "dtype); SGLang's names only")
@@ -45,16 +47,16 @@ def add_parser(sub) -> None:
     p.add_argument("--free-memory-gib", type=float, help="free memory per GPU after weights: the `avail mem=` "
                    "of SGLang's `Load weight end` log line, the smallest across ranks (most exact)")
     p.add_argument("--weights-gib", type=float, help="checkpoint size, all ranks together (default: the preset's)")
-    p.add_argument("--context-length", type=int)
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--max-mamba-cache-size", type=int, help="mamba state slots, all DP ranks together")
+    p.add_argument("--context-length", type=count)
+    p.add_argument("--max-running-requests", type=count)
+    p.add_argument("--max-mamba-cache-size", type=count, help="mamba state slots, all DP ranks together")
     p.add_argument("--mamba-ssm-dtype", choices=plan_input.MAMBA_SSM_DTYPES, default="float32")
     p.add_argument("--mamba-full-memory-ratio", type=float)
     p.add_argument("--mamba-radix-cache-strategy", default="auto", choices=plan_input.MAMBA_RADIX_CACHE_STRATEGIES)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--skip-decode-lock", action="store_true", help="as with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
-    p.add_argument("--speculative-num-draft-tokens", type=int, help="MTP (NextN) speculative decoding")
+    p.add_argument("--speculative-num-draft-tokens", type=count, help="MTP (NextN) speculative decoding")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=run)
 
