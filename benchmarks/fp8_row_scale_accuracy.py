@@ -1,4 +1,4 @@
-"""Accuracy of raw vs per-row-scaled fp8 KV for sparse-MLA decode (the issue's stretch question).
+"""Accuracy of raw vs per-row-scaled fp8 KV for sparse-MLA decode (kernels/README.md, "The row-scaled layout").
 
     PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py [--seeds N] [--kernels] [--out FILE]
 

@@ -113,7 +113,7 @@ def test_a_planted_wrong_kernel_fails_the_check_and_keeps_sglang(tmp_path):
     assert "dsaops' output was wrong" in decision.line
 
 
-def test_the_verdict_holds_the_fields_the_issue_names(tmp_path):
+def test_the_verdict_holds_the_fields_kernels_readme_names(tmp_path):
     rows, _ = run_measure(dsaops_standin, sglang_us=9.0)
     verdict = selftest.make_verdict(GB10, "sm_121", 16, rows, kernels=route.kernel_hash())
     for key in ("gpu", "target", "kernels", "heads", "batch_sizes", "correct", "speedup", "decision"):
