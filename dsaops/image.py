@@ -9,7 +9,6 @@ two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLa
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import shlex
@@ -109,12 +108,12 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
          context: Path | None = None, stage: str = "runtime", extra_args: dict[str, str] | None = None,
          offline: bool = False, standin: bool = False) -> Plan:
     """The exact commands `dsaops image build` runs; raises on a bad target or option. `standin`: on
-    the target's stand-in base (dsaops/image_base.py), this machine's platform, no network."""
+    the target's stand-in base (dsaops/image_base.py): its Python, this machine's platform, no network."""
     target = _target(name)
     if standin:
         extra_args = image_base.build_args(target) | (extra_args or {})
         tag, offline = tag or f"{pins.SGLANG}-{target.name}-standin", True
-        target = dataclasses.replace(target, platform=image_base.platform(), base_image=image_base.tag(target))
+        target = image_base.on_standin(target)
     if push and not registry:
         raise UserError("PUSH=1 needs REGISTRY= (e.g. REGISTRY=registry.example.com/team); "
                         f"without it the push would go to Docker Hub's {IMAGE_NAME}")
@@ -323,7 +322,6 @@ def run(args) -> int:
         return 0
     if standin:
         image_base.ensure(p.target)
-        return build(p, sglang_wheel=args.sglang_wheel or image_base.sglang_wheel(p.target))
     return build(p, sglang_wheel=args.sglang_wheel)
 
 

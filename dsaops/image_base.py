@@ -63,6 +63,12 @@ def tag(target) -> str:
     return f"dsaops-standin/base:{KINDS[target.vendor]}"
 
 
+def on_standin(target):
+    """`target` as a build on its stand-in base sees it: this machine's platform, the stand-in's tag and
+    Python; the plan, the serving build and the base's own SGLang wheel all take it from here."""
+    return dataclasses.replace(target, platform=platform(), base_image=tag(target), image_python=PYTHON)
+
+
 def build_args(target) -> dict[str, str]:
     """The serving build's arguments for building on the target's stand-in base."""
     return {"BASE_IMAGE": tag(target), "SYSTEM_PACKAGES": SYSTEM_PACKAGES, "SGLANG_DEPS": "none"}
@@ -128,7 +134,7 @@ def sglang_wheel(target) -> Path:
     """The pinned SGLang wheel for the stand-in's Python on this machine."""
     from dsaops.image import sglang_wheel_for
 
-    return sglang_wheel_for(dataclasses.replace(target, image_python=PYTHON, platform=platform()), pins.SGLANG)
+    return sglang_wheel_for(on_standin(target), pins.SGLANG)
 
 
 def _platform_tags() -> list[str]:

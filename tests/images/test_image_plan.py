@@ -12,8 +12,9 @@ import zipfile
 import pytest
 from dsaops.sglang_patches.series import load
 
+from dsaops import image_base, targets
 from dsaops.errors import UserError
-from dsaops.image import build_wheel, dockerfile_args, stage_context
+from dsaops.image import build_wheel, dockerfile_args, plan, render, sglang_wheel_for, stage_context
 from dsaops.pins import SGLANG as SGLANG_PIN
 from tests.images.docker_build import REPO, copy_sources
 
@@ -260,3 +261,18 @@ def test_the_source_label_carries_no_credentials_of_the_clone(tmp_path, origin, 
                          env=os.environ | {"PYTHONPATH": str(source)}, capture_output=True, text=True, check=True)
     assert options(commands(out.stdout)[0])[1]["SOURCE_URL"] == label
     assert "ghp_" not in out.stdout
+
+
+@pytest.mark.parametrize("name", ["sm_90", "sm_121"])
+def test_a_standin_plan_names_the_wheel_its_build_takes(name, tmp_path, monkeypatch):
+    """The stand-in base's Python (3.11), not the target's (3.12): the plan, the serving build and the base
+    itself take the same SGLang wheel."""
+    machine = {"arm64": "aarch64"}.get(os.uname().machine, os.uname().machine)
+    monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path))
+    (tmp_path / "wheels").mkdir()
+    for python in ("cp311", "cp312"):
+        (tmp_path / "wheels" / f"sglang-{SGLANG_PIN}-{python}-{python}-manylinux_2_34_{machine}.whl").touch()
+    p = plan(name, standin=True)
+    staged = sglang_wheel_for(p.target, SGLANG_PIN)   # what `dsaops image build --base standin` stages
+    assert staged == image_base.sglang_wheel(targets.get(name)) and staged.name.split("-")[2] == "cp311"
+    assert f"sglang/ (the sglang cp311 {machine} wheel)" in render(p)
