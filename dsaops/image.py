@@ -10,12 +10,16 @@ two wheels and the entrypoint, so no RUN step needs to fetch the project or SGLa
 from __future__ import annotations
 
 import datetime
+import email.parser
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import urllib.parse
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,8 @@ IMAGE_NAME = "dsaops/sglang"
 STAGES = ("python", "engine", "patched", "app", "kernels", "runtime")
 # The oldest glibc an image base may have (Ubuntu 24.04 has 2.39): the wheels PyPI has are manylinux_2_34.
 IMAGE_GLIBC = (2, 34)
+# How much of a wheel's METADATA is read: its headers (Name, Version) come before the long description.
+METADATA_HEAD_BYTES = 1 << 20
 
 
 @dataclass
@@ -191,13 +197,18 @@ def _pip(*args: str, env: dict | None = None) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True, env=env)
 
 
+def _image_tags(target) -> list[wheel_tags.Tag]:
+    """The wheel tags the image's Python installs, best first."""
+    return wheel_tags.linux_cpython_tags(target.image_python, build_host.machine_of(target.platform), IMAGE_GLIBC)
+
+
 def sglang_wheel_for(target, pin: str) -> Path:
     """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache.
 
     The cache also holds the wheels other interpreters use (the tests take the host's): the choice
     goes by the tags in the file names, never by which file a glob lists first."""
     machine = build_host.machine_of(target.platform)
-    accepted = wheel_tags.linux_cpython_tags(target.image_python, machine, IMAGE_GLIBC)
+    accepted = _image_tags(target)
     wheels = cache_dir("wheels")
     found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)
     if found is None:
@@ -209,6 +220,54 @@ def sglang_wheel_for(target, pin: str) -> Path:
         raise UserError(f"pip found no sglang {pin} wheel for CPython {target.image_python} on {machine}; "
                         "pass --sglang-wheel FILE")
     return found
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()   # PEP 503: how pip compares project names
+
+
+def check_sglang_wheel(path: Path, target, pin: str, *, own_base: bool = False) -> Path:
+    """`path`, when it is the pinned SGLang wheel that the image's Python (`target`) installs; else a
+    UserError. The engine stage's pip refuses such a file only minutes into the build; its glob wants
+    sglang-PIN-*.whl. `own_base`: a --build-arg BASE_IMAGE, whose Python the table does not know, so
+    only the wheel's platform is checked."""
+    machine = build_host.machine_of(target.platform)
+    python = "the base's CPython" if own_base else f"CPython {target.image_python}"
+    fix = (f"give the sglang {pin} wheel for {python} on {machine} "
+           f"(manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]} or older), or leave --sglang-wheel out to download it")
+    where = f"--sglang-wheel {path}"
+    if not path.is_file():
+        raise UserError(f"{where}: no such file; {fix}")
+    try:
+        name, version, tags = wheel_tags.parse(path.name)
+    except ValueError:
+        raise UserError(f"{where} is not a wheel's name (name-version[-build]-python-abi-platform.whl); {fix}") from None
+    if (name, version) != ("sglang", pin):
+        raise UserError(f"{where} is {name} {version}, not sglang {pin}; {fix}")
+    accepted = _image_tags(target)
+    # the platforms CPython takes on a machine are the same for every version
+    fits = {t[2] for t in tags} & {t[2] for t in accepted} if own_base else tags & set(accepted)
+    if not fits:
+        raise UserError(f"{where}: its tags {' '.join(sorted('-'.join(t) for t in tags))} do not install on {python} "
+                        f"on {machine}; {fix}")
+    try:
+        with zipfile.ZipFile(path) as whl:
+            metadata = [i for i in whl.infolist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", i.filename)]
+            if len(metadata) != 1:
+                raise UserError(f"{where} holds {'no' if not metadata else len(metadata)} *.dist-info/METADATA, "
+                                f"a wheel holds one; {fix}")
+            with whl.open(metadata[0]) as f:
+                head = f.read(METADATA_HEAD_BYTES)
+    except zipfile.BadZipFile as e:
+        raise UserError(f"{where} is not a wheel: not a zip archive ({e}); {fix}") from None
+    except (OSError, EOFError, RuntimeError, zlib.error) as e:   # RuntimeError: encrypted or unknown compression
+        raise UserError(f"{where}: cannot read its METADATA ({e}); {fix}") from None
+    headers = email.parser.BytesHeaderParser().parsebytes(head)
+    said = (str(headers.get("Name", "")).strip(), str(headers.get("Version", "")).strip())
+    if (_canonical(said[0]), said[1]) != ("sglang", pin):
+        raise UserError(f"{where}: its METADATA says {said[0] or 'no Name'} {said[1] or 'no Version'}, "
+                        f"its name sglang {pin}; {fix}")
+    return path
 
 
 def source_files() -> list[str]:
@@ -286,7 +345,8 @@ def add_parser(sub) -> None:
         a.add_argument("--base", choices=("target", "standin"), default="target",
                        help="standin: build on the stand-in base `dsaops image base` makes (no registry, no network)")
         if action == "build":
-            a.add_argument("--sglang-wheel", type=Path, help="use this SGLang wheel instead of downloading one")
+            a.add_argument("--sglang-wheel", type=Path,
+                           help="use this SGLang wheel (the pinned version, for the image's Python) instead of downloading one")
         a.set_defaults(func=run)
 
 
@@ -313,21 +373,26 @@ def _parse_build_args(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args) -> int:
-    standin = args.base == "standin"
+    standin, given = args.base == "standin", _parse_build_args(args.build_arg)
     p = plan(args.arch, tag=args.tag, registry=args.registry, push=args.push, builder=args.builder,
-             context=args.context, stage=args.stage, extra_args=_parse_build_args(args.build_arg),
-             offline=args.offline, standin=standin)
+             context=args.context, stage=args.stage, extra_args=given, offline=args.offline, standin=standin)
     if args.action == "plan":
         print(render(p))
         return 0
+    # checked before the stand-in base or the context is made: pip in the engine stage finds it out only minutes in
+    wheel = None
+    if args.sglang_wheel and not p.target.base_carries_sglang:
+        wheel = check_sglang_wheel(args.sglang_wheel, p.target, p.build_args["SGLANG_VERSION"],
+                                   own_base="BASE_IMAGE" in given)
     if standin:
         image_base.ensure(p.target)
-    return build(p, sglang_wheel=args.sglang_wheel)
+    return build(p, sglang_wheel=wheel)
 
 
 def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
-    """Stage the context (the SGLang wheel: `sglang_wheel`, else the pinned one from the index) and
-    run the plan's commands: 0 when the image was built, else the failing command's exit code."""
+    """Stage the context (the SGLang wheel: `sglang_wheel`, one check_sglang_wheel took, else the pinned
+    one from the index) and run the plan's commands: 0 when the image was built, else the failing
+    command's exit code."""
     missing = build_host.problems(base=p.build_args["BASE_IMAGE"], platform=p.target.platform,
                                   host_platform=image_base.platform(), uses_buildx=p.commands[0][:2] == ["docker", "buildx"])
     if missing:
@@ -337,8 +402,6 @@ def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
     wheel = None
     if not p.target.base_carries_sglang:
         wheel = sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
-        if not wheel.is_file():
-            raise UserError(f"--sglang-wheel {wheel}: no such file")
     stage_context(p.context, wheel)
     for cmd in p.commands:
         print("+ " + shlex.join(cmd), file=sys.stderr)

@@ -20,13 +20,19 @@ _LEGACY_MANYLINUX = {(2, 17): "manylinux2014", (2, 12): "manylinux2010", (2, 5):
 _OLDEST_GLIBC_MINOR = {"x86_64": 5, "i686": 5, "aarch64": 17}
 
 
-def wheel_tags(filename: str) -> frozenset[Tag]:
-    """Every tag a wheel file name carries; ValueError for a name that is not a wheel's."""
+def parse(filename: str) -> tuple[str, str, frozenset[Tag]]:
+    """(distribution, version, every tag) of a wheel file name; ValueError for a name that is not a wheel's."""
     parts = filename.removesuffix(".whl").split("-")
     if not filename.endswith(".whl") or len(parts) not in (5, 6):
         raise ValueError(f"{filename} is not a wheel file name (name-version[-build]-python-abi-platform.whl)")
     python, abi, platform = parts[-3:]
-    return frozenset((p, a, pl) for p in python.split(".") for a in abi.split(".") for pl in platform.split("."))
+    return parts[0], parts[1], frozenset(
+        (p, a, pl) for p in python.split(".") for a in abi.split(".") for pl in platform.split("."))
+
+
+def wheel_tags(filename: str) -> frozenset[Tag]:
+    """Every tag a wheel file name carries; ValueError for a name that is not a wheel's."""
+    return parse(filename)[2]
 
 
 def best(paths: Iterable[Path], accepted: Sequence[Tag]) -> Path | None:

@@ -4,13 +4,14 @@ from pathlib import Path
 import pytest
 from packaging.tags import compatible_tags, cpython_tags
 
-from dsaops.wheel_tags import best, linux_cpython_tags, wheel_tags
+from dsaops.wheel_tags import best, linux_cpython_tags, parse, wheel_tags
 
 SGLANG = "pkg-9.9-cp312-cp312-manylinux_2_34_aarch64.whl"
 
 
 def test_a_wheel_name_carries_its_tag_sets():
     assert wheel_tags(SGLANG) == {("cp312", "cp312", "manylinux_2_34_aarch64")}
+    assert parse(SGLANG) == ("pkg", "9.9", wheel_tags(SGLANG))
     assert wheel_tags("x-1.0-1-py2.py3-none-manylinux1_x86_64.manylinux2014_x86_64.whl") == {
         (py, "none", plat) for py in ("py2", "py3") for plat in ("manylinux1_x86_64", "manylinux2014_x86_64")}
     with pytest.raises(ValueError, match="not a wheel file name"):
