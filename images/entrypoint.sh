@@ -38,45 +38,11 @@ host=${DSAOPS_SERVER_HOST:-127.0.0.1}
 # The module is a setting only so the entrypoint can be exercised where SGLang cannot serve (CI).
 module=${DSAOPS_SERVER_MODULE:-sglang.launch_server}
 
-# The health check and the exporter reach SGLang on DSAOPS_SERVER_PORT: one port, one setting.
-# SGLang's argparse takes an option's prefix that no other option shares (--ho is --host), so an
-# argument of four characters or more that begins --host or --port counts as that option.
-given=""
-given_host=""
-want=""
-for arg in "$@"; do
-    case $want in port) given=$arg ;; host) given_host=$arg ;; esac
-    name=${arg%%=*}
-    option=""
-    if [ ${#name} -ge 4 ]; then
-        for flag in --host --port; do
-            [ "$name" = "${flag:0:${#name}}" ] && option=${flag#--}
-        done
-    fi
-    want=""
-    case $arg in
-        *=*) case $option in port) given=${arg#*=} ;; host) given_host=${arg#*=} ;; esac ;;
-        *) want=$option ;;
-    esac
-done
-if [ -z "$given" ]; then
-    set -- "$@" --port "$port"
-elif [ "$given" != "$port" ]; then
-    echo "dsaops-entrypoint: --port $given differs from DSAOPS_SERVER_PORT=$port, which the health check" \
-         "and the exporter use; run with -e DSAOPS_SERVER_PORT=$given (or drop --port)" >&2
-    exit 2
-fi
-# They reach it at DSAOPS_SERVER_HOST: a --host of one address (not 0.0.0.0 or ::, which loopback is part
-# of) answers there only, so it must be that address (compared as addresses: IPv6 has many spellings).
-if [ -n "$given_host" ] && [ "$given_host" != 0.0.0.0 ] && [ "$given_host" != :: ] \
-    && [ "$given_host" != "$host" ] \
-    && ! python3 -c 'import ipaddress as a, sys; sys.exit(a.ip_address(sys.argv[1]) != a.ip_address(sys.argv[2].strip("[]")))' \
-        "$given_host" "$host" 2>/dev/null; then
-    case $given_host in *:*) reach="[$given_host]" ;; *) reach=$given_host ;; esac
-    echo "dsaops-entrypoint: --host $given_host is not DSAOPS_SERVER_HOST=$host, where the health check and" \
-         "the exporter reach SGLang; run with -e DSAOPS_SERVER_HOST=$reach (or drop --host)" >&2
-    exit 2
-fi
+# The health check and the exporter reach SGLang at DSAOPS_SERVER_HOST:DSAOPS_SERVER_PORT. Its --host and
+# --port, on the command line or in its --config YAML, must agree (else exit 2 naming the -e setting to add);
+# without a port from either, DSAOPS_SERVER_PORT becomes its --port (dsaops/server_address.py).
+given=$(python3 -m dsaops.server_address "$host" "$port" -- "$@") || exit
+[ -n "$given" ] || set -- "$@" --port "$port"
 
 # The health check counts this node's scheduler ranks (a worker node's /health always answers 200);
 # how many there are, SGLang's launch arguments say: worked out once, here (dsaops/node_ranks.py).

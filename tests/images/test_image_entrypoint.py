@@ -151,6 +151,62 @@ def test_a_host_the_checks_reach_starts_the_server(tmp_path, host, env):
     assert f"args=--model-path /m --host {host} --port 30000\n" in log_of(tmp_path)
 
 
+def config_file(tmp_path: Path, text: str, name: str = "sglang.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, env, drop", [
+    ("api-key: k\nport: 8000\n", "DSAOPS_SERVER_PORT=8000", "port:"),
+    ("por: 8000\n", "DSAOPS_SERVER_PORT=8000", "por:"),                # SGLang makes it --por: an abbreviation
+    ("host: 10.0.0.5\n", "DSAOPS_SERVER_HOST=10.0.0.5", "host:"),
+])
+def test_the_config_files_host_and_port_are_checked_as_the_command_lines(tmp_path, text, env, drop):
+    """SGLang reads its --config YAML's keys as options: a port there is SGLang's port (not one for the
+    entrypoint's own --port to override unseen), a host there the one address it answers at."""
+    path = config_file(tmp_path, text)
+    proc = start(tmp_path, "--model-path", "/m", "--config", path)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert f"run with -e {env} (or drop {drop} from {path})" in err and err.count("\n") == 1, err
+    assert log_of(tmp_path) == ""
+    name, value = env.split("=")
+    proc = start(tmp_path, "--model-path", "/m", "--config", path, STANDIN_EXIT="0", **{name: value})
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    added = "" if name == "DSAOPS_SERVER_PORT" else " --port 30000"   # none beside the file's port
+    assert f"args=--model-path /m --config {path}{added}\n" in log_of(tmp_path)
+
+
+@pytest.mark.parametrize("text, flags", [("port: 8000\n", ["--port", "30000"]), ("port: 8000\n", ["--po=30000"]),
+                                         ("host: 10.0.0.5\n", ["--host", "0.0.0.0"])])
+def test_the_command_line_wins_over_the_config_file(tmp_path, text, flags):
+    """SGLang puts the file's options before the command line's, and argparse keeps the last."""
+    path = config_file(tmp_path, text)
+    proc = start(tmp_path, "--model-path", "/m", *flags, "--config", path, STANDIN_EXIT="0")
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    port = "" if "port" in text else " --port 30000"
+    assert f"args=--model-path /m {' '.join(flags)} --config {path}{port}\n" in log_of(tmp_path)
+
+
+@pytest.mark.parametrize("args, name, text", [
+    (["--config={}"], "sglang.yaml", "port: 8000\n"),       # SGLang reads the file only after `--config` alone
+    (["--config", "{}"], "sglang.txt", "port: 8000\n"),     # not .yaml/.yml: SGLang refuses it
+    (["--config", "{}"], "sglang.yaml", "port: [8000\n"),   # invalid YAML
+    (["--config", "{}"], "sglang.yaml", "- port\n"),        # not a mapping
+    (["--config", "{}", "--config", "{}"], "sglang.yaml", "port: 8000\n"),
+    (["--config", "{}x"], "sglang.yaml", "port: 8000\n"),   # no such file
+])
+def test_a_config_file_sglang_does_not_read_is_left_to_sglang(tmp_path, args, name, text):
+    """SGLang says what is wrong with a file it refuses; the entrypoint neither repeats it nor fails."""
+    path = config_file(tmp_path, text, name)
+    args = [arg.format(path) for arg in args]
+    proc = start(tmp_path, "--model-path", "/m", *args, STANDIN_EXIT="0")
+    assert proc.wait(timeout=30) == 0
+    assert proc.stderr.read() == ""
+    assert f"args=--model-path /m {' '.join(args)} --port 30000\n" in log_of(tmp_path)
+
+
 def test_unwritable_log_is_a_clear_error(tmp_path):
     (tmp_path / "file").write_text("")
     proc = start(tmp_path, "--model-path", "/m", DSAOPS_LOG_FILE=str(tmp_path / "file" / "sglang.log"))

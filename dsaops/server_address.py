@@ -1,0 +1,88 @@
+"""Whether SGLang 0.5.23 listens where the image's health check and exporter reach it.
+
+    python3 -m dsaops.server_address HOST PORT -- <sglang.launch_server args...>
+
+HOST and PORT are DSAOPS_SERVER_HOST and DSAOPS_SERVER_PORT. It prints the port the arguments give
+SGLang (nothing when none does: the entrypoint then adds `--port PORT`), or exits 2 saying which
+setting to add. The arguments are read as SGLang reads them: its `--config` YAML's keys ahead of
+the command line (dsaops/sglang_config.py), and argparse's unique prefixes, so an argument of four
+characters or more that begins --host or --port counts as that option (--ho is --host).
+"""
+from __future__ import annotations
+
+import ipaddress
+import sys
+
+from dsaops.sglang_config import merged
+
+OPTIONS = ("--host", "--port")
+
+
+def _given(args: list[str]):
+    """(option, value, index of the option's argument) for each --host and --port, in order."""
+    want = None
+    for at, arg in enumerate(args):
+        if want:
+            yield want, arg, at - 1
+        name, eq, value = arg.partition("=")
+        option = next((flag for flag in OPTIONS if len(name) >= 4 and flag.startswith(name)), None)
+        want = None
+        if eq and option:
+            yield option, value, at
+        elif not eq:
+            want = option
+
+
+def _reaches(bound: str, host: str) -> bool:
+    """Whether SGLang bound to `bound` answers at `host`: 0.0.0.0 and :: include loopback; an
+    address otherwise answers there only (compared as addresses: IPv6 has many spellings)."""
+    if bound in ("", "0.0.0.0", "::", host):
+        return True
+    try:
+        return ipaddress.ip_address(bound) == ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+
+
+def check(host: str, port: str, argv: list[str]) -> str | None:
+    """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port."""
+    launch = merged(argv)
+    last = {option: (value, at) for option, value, at in _given(launch.args)}
+
+    def named(option: str) -> tuple[str, str]:
+        """How the user gave it, and what to drop instead."""
+        value, at = last[option]
+        if at >= launch.from_config:
+            return f"{option} {value}", option
+        key = launch.args[at][2:].partition("=")[0]
+        return f"{key}: {value} in --config {launch.config}", f"{key}: from {launch.config}"
+
+    given_port = last.get("--port", ("",))[0] or None   # an empty one: the entrypoint's --port, after it, wins
+    if given_port is not None and given_port != port:
+        said, drop = named("--port")
+        raise ValueError(f"{said} differs from DSAOPS_SERVER_PORT={port}, which the health check and the exporter"
+                         f" use; run with -e DSAOPS_SERVER_PORT={given_port} (or drop {drop})")
+    bound = last.get("--host", ("",))[0]
+    if not _reaches(bound, host):
+        said, drop = named("--host")
+        reach = f"[{bound}]" if ":" in bound else bound
+        raise ValueError(f"{said} is not DSAOPS_SERVER_HOST={host}, where the health check and the exporter"
+                         f" reach SGLang; run with -e DSAOPS_SERVER_HOST={reach} (or drop {drop})")
+    return given_port
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    host, port, *rest = argv
+    try:
+        given = check(host, port, rest[1:] if rest[:1] == ["--"] else rest)
+    except ValueError as e:
+        print(f"dsaops-entrypoint: {e}", file=sys.stderr)
+        return 2
+    if given is not None:
+        print(given)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
