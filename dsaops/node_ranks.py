@@ -9,12 +9,15 @@ data_parallel_controller.py `launch_tensor_parallel_group`): a node runs
 max(pp // nnodes, 1) pipeline stages x tp // max(nnodes // pp, 1) tensor ranks, once per
 data-parallel replica (`--dp-size` without attention DP); attention DP (`--attn-dp-size`, or the
 deprecated `--dp-size N --enable-dp-attention`) runs inside the TP group and adds none.
-Options are read as SGLang's argparse reads them, abbreviations included (`--tp 8`).
+Options are read as SGLang's argparse reads them, abbreviations included (`--tp 8`), and with its
+`--config` YAML's keys ahead of the command line (dsaops/sglang_config.py).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+from dsaops.sglang_config import merged
 
 # SGLang's spellings (srt/arg_groups/fields/parallel.py; --enable-dp-attention: server_args.py)
 OPTIONS = {
@@ -56,7 +59,7 @@ def ranks_per_node(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        print(ranks_per_node(argv[1:] if argv[:1] == ["--"] else argv))
+        print(ranks_per_node(merged(argv[1:] if argv[:1] == ["--"] else argv).args))
     except BadArguments as e:
         print(f"dsaops.node_ranks: {e}", file=sys.stderr)
         return 2

@@ -32,8 +32,9 @@ def merged(argv: list[str]) -> Merged:
 
 
 def _options(path: str) -> list[str] | None:
-    """The file's keys as SGLang's options (a boolean as `--KEY true`, which SGLang makes a bare
-    `--KEY` for a store_true flag: either way the value is no other option's), or None."""
+    """The file's keys as SGLang's options, or None. A boolean becomes `--KEY true` or nothing: SGLang
+    makes a store_true flag (--enable-dp-attention) bare or absent, any other `--KEY true|false`;
+    no flag read here (host, port, parallel sizes) takes a boolean."""
     if Path(path).suffix.lower() not in (".yaml", ".yml"):
         return None
     try:
@@ -49,7 +50,7 @@ def _options(path: str) -> list[str] | None:
     options = []
     for key, value in data.items():
         if isinstance(value, bool):
-            options += [f"--{key}", str(value).lower()]
+            options += [f"--{key}", "true"] if value else []
         elif isinstance(value, list):
             options += [f"--{key}", *map(str, value)] if value else []
         else:

@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from dsaops.node_ranks import OPTIONS, BadArguments, ranks_per_node
+from dsaops.node_ranks import OPTIONS, BadArguments, main, ranks_per_node
 from tests.support import sglang_definitions
 
 
@@ -65,3 +65,13 @@ def test_the_module_runs_as_the_entrypoint_calls_it():
     run = subprocess.run([sys.executable, "-m", "dsaops.node_ranks", "--", "--tp", "0"], capture_output=True, text=True,
                          check=False)
     assert run.returncode == 2 and run.stderr == "dsaops.node_ranks: --tp-size must be >= 1, got 0\n"
+
+
+@pytest.mark.parametrize(("text", "ranks"), [("tp-size: 8\ndp-size: 8\nenable-dp-attention: false\n", 64),
+                                            ("tp-size: 8\ndp-size: 8\nenable-dp-attention: true\n", 8)])
+def test_the_config_file_counts(tmp_path, capsys, text, ranks):
+    """The entrypoint's call: SGLang reads the --config YAML's keys as options."""
+    path = tmp_path / "sglang.yaml"
+    path.write_text(text)
+    assert main(["--", "--model-path", "/m", "--config", str(path)]) == 0
+    assert capsys.readouterr().out == f"{ranks}\n"

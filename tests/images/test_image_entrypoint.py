@@ -244,6 +244,16 @@ def test_the_health_check_learns_the_ranks_of_this_node_once(tmp_path):
     assert args_file.read_text() == "--expect-ranks 2\n"
 
 
+def test_the_health_check_counts_the_ranks_the_config_file_asks_for(tmp_path):
+    """SGLang reads --tp from its --config YAML too; the command line's still wins."""
+    args_file = tmp_path / "run" / "healthcheck.args"
+    path = config_file(tmp_path, "tp-size: 8\npp-size: 2\n")
+    proc = start(tmp_path, "--model-path", "/m", "--config", path, "--pp-size", "1", STANDIN_EXIT="0",
+                 DSAOPS_HEALTHCHECK_ARGS=str(args_file))
+    assert proc.wait(timeout=30) == 0
+    assert args_file.read_text() == "--expect-ranks 8\n"
+
+
 def test_arguments_it_cannot_count_leave_the_health_check_without_a_count(tmp_path):
     args_file = tmp_path / "healthcheck.args"
     args_file.write_text("--expect-ranks 8\n")  # from an earlier start
