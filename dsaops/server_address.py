@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 
-from dsaops.sglang_config import merged
+from dsaops.sglang_config import merged, unread_config
 
 OPTIONS = ("--host", "--port")
 
@@ -45,7 +45,12 @@ def _reaches(bound: str, host: str) -> bool:
 
 
 def check(host: str, port: str, argv: list[str]) -> str | None:
-    """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port."""
+    """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port, or
+    would not read the --config file it was given (sglang_config.unread_config)."""
+    unread = unread_config(argv)
+    if unread is not None:
+        raise ValueError(f"SGLang reads its --config file only from `--config FILE`, spelled out and apart: {unread} "
+                         "would leave the file's settings (the API keys too) unapplied; write --config FILE")
     launch = merged(argv)
     last = {option: (value, at) for option, value, at in _given(launch.args)}
 

@@ -31,6 +31,14 @@ def merged(argv: list[str]) -> Merged:
     return Merged(options + argv[:at] + argv[at + 2:], len(options), argv[at + 1])
 
 
+def unread_config(argv: list[str]) -> str | None:
+    """The first argument SGLang's argparse takes for --config that its merger never reads
+    (`--config=FILE`, an abbreviation such as `--conf FILE`), or None: that file's settings, API
+    keys included, would silently not apply."""
+    return next((arg for arg in argv if arg != "--config" and len(name := arg.partition("=")[0]) > 2
+                 and "--config".startswith(name)), None)
+
+
 def _options(path: str) -> list[str] | None:
     """The file's keys as SGLang's options, or None. A boolean becomes `--KEY true` or nothing: SGLang
     makes a store_true flag (--enable-dp-attention) bare or absent, any other `--KEY true|false`;

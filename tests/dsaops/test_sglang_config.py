@@ -3,7 +3,7 @@ the pinned SGLang's own merger (srt/utils/server_args_config_parser.py) makes of
 import pytest
 import yaml
 
-from dsaops.sglang_config import Merged, merged
+from dsaops.sglang_config import Merged, merged, unread_config
 from tests.support.sglang_definitions import parse_server_args
 
 FLAGS = ("--model-path", "--api-key", "--host", "--port", "--served-model-name", "--json-model-override-args")
@@ -46,3 +46,16 @@ def test_a_file_sglang_refuses_is_left_out(tmp_path, name, text, argv):
     with pytest.raises((ValueError, yaml.YAMLError)):
         parse_server_args(argv, FLAGS)
     assert merged(argv) == Merged(argv)
+
+
+@pytest.mark.parametrize("argv", [["--config={}"], ["--conf", "{}"], ["--confi={}"]])
+def test_a_config_spelling_sglang_takes_but_does_not_read_is_named(tmp_path, argv):
+    """SGLang parses these as --config and applies none of the file: its API key stays unset."""
+    argv = [arg.format(write(tmp_path, "api-key: k\n")) for arg in argv]
+    assert parse_server_args(argv, FLAGS)[0].api_key is None
+    assert unread_config(["--model-path", "/m", *argv]) == argv[0]
+
+
+@pytest.mark.parametrize("argv", [["--config", "f.yaml"], ["--model-path", "/m"], ["--context-length", "8"]])
+def test_a_config_sglang_reads_is_not_named(argv):
+    assert unread_config(argv) is None

@@ -190,7 +190,6 @@ def test_the_command_line_wins_over_the_config_file(tmp_path, text, flags):
 
 
 @pytest.mark.parametrize("args, name, text", [
-    (["--config={}"], "sglang.yaml", "port: 8000\n"),       # SGLang reads the file only after `--config` alone
     (["--config", "{}"], "sglang.txt", "port: 8000\n"),     # not .yaml/.yml: SGLang refuses it
     (["--config", "{}"], "sglang.yaml", "port: [8000\n"),   # invalid YAML
     (["--config", "{}"], "sglang.yaml", "- port\n"),        # not a mapping
@@ -205,6 +204,19 @@ def test_a_config_file_sglang_does_not_read_is_left_to_sglang(tmp_path, args, na
     assert proc.wait(timeout=30) == 0
     assert proc.stderr.read() == ""
     assert f"args=--model-path /m {' '.join(args)} --port 30000\n" in log_of(tmp_path)
+
+
+@pytest.mark.parametrize("args", [["--config={}"], ["--conf", "{}"], ["--confi={}"]])
+def test_a_config_file_sglang_would_not_read_is_refused(tmp_path, args):
+    """SGLang's argparse takes these for --config, but its merger reads the file only after `--config`
+    alone: the keys file's API keys would silently not apply."""
+    path = config_file(tmp_path, "api-key: k\n")
+    args = [arg.format(path) for arg in args]
+    proc = start(tmp_path, "--model-path", "/m", *args)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert f"{args[0]} would leave the file's settings (the API keys too) unapplied; write --config FILE" in err, err
+    assert err.count("\n") == 1 and log_of(tmp_path) == ""
 
 
 def test_unwritable_log_is_a_clear_error(tmp_path):
