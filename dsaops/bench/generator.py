@@ -33,13 +33,25 @@ RESULT_KEYS = ("completed", "duration", "median_ttft_ms", "p99_ttft_ms", "median
                "output_throughput", "request_throughput", "errors")
 
 # The child: one level per stdin line, through the generator's own argument parsing; then
-# "<output file>.done" says how the level ended.
+# "<output file>.done" says how the level ended and what its first failed request said (a level
+# whose every request failed ends in the generator's own IndexError, a percentile of nothing).
 _DRIVER = """\
-import json, sys, traceback
+import json, os, sys, traceback
 from sglang.benchmark import serving
+errors = []
+def recorded(request):
+    async def run(*args, **kwargs):
+        output = await request(*args, **kwargs)
+        if not output.success and not errors and (output.error or "").strip():
+            errors.append(output.error)
+        return output
+    return run
+for name, request in list(serving.ASYNC_REQUEST_FUNCS.items()):
+    serving.ASYNC_REQUEST_FUNCS[name] = recorded(request)
 for line in sys.stdin:
     argv = json.loads(line)
     sys.argv, status = ["sglang.benchmark.serving", *argv], "ok"
+    errors.clear()
     try:
         serving.cli_main()
     except SystemExit as e:
@@ -48,8 +60,10 @@ for line in sys.stdin:
         traceback.print_exc()
         status = f"{type(e).__name__}: {e}"
     sys.stdout.flush()
-    with open(argv[argv.index("--output-file") + 1] + ".done", "w") as f:
-        f.write(status)
+    done = argv[argv.index("--output-file") + 1] + ".done"
+    with open(done + ".tmp", "w") as f:
+        json.dump({"status": status, "errors": errors}, f)
+    os.replace(done + ".tmp", done)
 """
 
 
@@ -132,14 +146,21 @@ class Generator:
                 raise LevelFailed(f"no result within {timeout:g} s (the server answered too slowly or not at all); "
                                   "the run was stopped")
             time.sleep(0.1)
-        status = done.read_text()
-        if status != "ok" or not out.is_file():
-            raise LevelFailed(f"the load generator failed: {status}")
+        ended = json.loads(done.read_text())
+        if ended["status"] != "ok" or not out.is_file():
+            if ended["errors"]:
+                raise LevelFailed(f"requests failed: {_last_line(ended['errors'][0])}")
+            raise LevelFailed(f"the load generator failed: {_last_line(ended['status'])}")
         return _level(concurrency, requests, json.loads(out.read_text().splitlines()[-1]))
 
 
+def _last_line(text: str) -> str:
+    """A traceback's last line, which names what failed."""
+    return text.strip().splitlines()[-1][:300]
+
+
 def _level(concurrency: int, requests: int, result: dict) -> Level:
-    errors = [e.strip().splitlines()[-1][:300] for e in result.get("errors") or [] if e and e.strip()]
+    errors = [_last_line(e) for e in result.get("errors") or [] if e and e.strip()]
     if any(result.get(k) is None for k in RESULT_KEYS if k != "errors"):
         raise LevelFailed(f"no request succeeded: {errors[0] if errors else 'the generator measured nothing'}")
     return Level(concurrency, requests, int(result["completed"]), float(result["duration"]),

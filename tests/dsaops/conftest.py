@@ -43,7 +43,8 @@ def standin(tmp_path):
     """start(**options) -> URL of a stand-in server; every one is stopped after the test."""
     procs = []
 
-    def start(*, max_running=4, token_latency=0.005, answers=None, server_info=None, api_key=None, stall=False):
+    def start(*, max_running=4, token_latency=0.005, answers=None, server_info=None, api_key=None, stall=False,
+              fail_after=None):
         port = free_port()
         argv = [sys.executable, "-m", "tests.dsaops.standin_openai", "--port", str(port), "--max-running", str(max_running),
                 "--token-latency", str(token_latency)]
@@ -58,6 +59,8 @@ def standin(tmp_path):
             argv += ["--api-key-file", str(path)]
         if stall:
             argv.append("--stall")
+        if fail_after is not None:
+            argv += ["--fail-after", str(fail_after)]
         procs.append(subprocess.Popen(argv, cwd=REPO))     # -m: the repository root on its path
         url = f"http://127.0.0.1:{port}"
         assert wait_for(lambda: _healthy(url), timeout=15), "the stand-in server did not start"

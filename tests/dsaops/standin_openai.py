@@ -5,7 +5,8 @@ emits one token every `--token-latency` seconds per request, and so its output t
 grows with concurrency up to `--max-running` and stays flat beyond: the knee is known.
 `--answers FILE` ({needle: reply}) answers a prompt holding a needle with that reply (the
 eval's stand-in); `--server-info FILE` serves /server_info; `--api-key-file` demands the key;
-`--stall` accepts requests and never answers.
+`--stall` accepts requests and never answers; `--fail-after N` answers N completions, then
+drops every later one unanswered (a server that fell over).
 
     python -m tests.dsaops.standin_openai --port P --max-running 4 --token-latency 0.01   # from the repository root
 """
@@ -27,6 +28,8 @@ class Handler(JsonHandler):
     slots: threading.BoundedSemaphore
     answers: dict
     server_info: dict | None
+    served = 0
+    served_lock = threading.Lock()
 
     def do_GET(self):
         if self.path == "/health":
@@ -48,6 +51,9 @@ class Handler(JsonHandler):
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self.send_json(404, {"detail": "Not Found"})
             return
+        if self.fallen_over():
+            self.close_connection = True
+            return
         chat = self.path.endswith("chat/completions")
         prompt = json.dumps(body.get("messages")) if chat else str(body.get("prompt"))
         tokens = self._tokens(prompt, int(body.get("max_tokens") or body.get("max_completion_tokens") or 16))
@@ -57,6 +63,11 @@ class Handler(JsonHandler):
             else:
                 time.sleep(self.cfg.token_latency * len(tokens))
                 self.send_json(200, _completion(tokens, chat, final=True))
+
+    def fallen_over(self) -> bool:
+        with Handler.served_lock:
+            Handler.served += 1
+            return self.cfg.fail_after is not None and Handler.served > self.cfg.fail_after
 
     def _tokens(self, prompt: str, max_tokens: int) -> list[str]:
         for needle, reply in self.answers.items():
@@ -108,6 +119,7 @@ def main() -> None:
     p.add_argument("--server-info")
     p.add_argument("--api-key-file")
     p.add_argument("--stall", action="store_true")
+    p.add_argument("--fail-after", type=int)
     cfg = p.parse_args()
     Handler.cfg = cfg
     Handler.api_key = Path(cfg.api_key_file).read_text().strip() if cfg.api_key_file else None

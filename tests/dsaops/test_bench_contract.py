@@ -55,6 +55,15 @@ def test_per_request_errors_are_in_the_details(serving):
     assert "result_for_dump = result | result_details" in serving
 
 
+def test_the_driver_sees_each_requests_outcome(serving):
+    """The driver wraps the request functions to keep a failed request's error: benchmark() looks its
+    function up in ASYNC_REQUEST_FUNCS on each run, and each output says whether it succeeded and why not."""
+    assert "        request_func = ASYNC_REQUEST_FUNCS[backend]\n" in serving
+    output = serving[serving.index("\nclass RequestFuncOutput:"):]
+    output = output[:output.index("\n\n\n")]
+    assert "    success: bool = False\n" in output and '    error: str = ""\n' in output
+
+
 def test_server_info_keys_the_cap_reads():
     """Besides the exporter's keys (tests/healthchecks/test_contract.py): the tokenizer's folder."""
     fields = (sglang_source() / "sglang/srt/arg_groups/fields").glob("*.py")

@@ -134,6 +134,22 @@ def test_a_server_that_never_answers_is_stopped_in_bounded_time(standin, with_ge
     assert "server cap: unknown" in out       # no /server_info on this server: said, not guessed
 
 
+@pytest.mark.parametrize("answered, level", [(1, 1), (3, 2)])
+def test_a_level_whose_requests_all_fail_names_their_error(standin, with_generator, tokenizer_dir, capsys, answered,
+                                                           level):
+    """The server falls over after `answered` requests. When the generator's warmup request was
+    answered, it stopped on an IndexError (a percentile of no latencies), else on a ValueError
+    holding the request's whole traceback: the report named those instead of the requests' error."""
+    url = standin(fail_after=answered, token_latency=0.001)
+    rc = main(["bench", "serve", "--server-url", url, "--tokenizer", tokenizer_dir, "--concurrency", "1,2",
+               "--duration", "1", "--max-requests", "2", "--input-len", "8", "--output-len", "4"])
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    says = "requests failed: aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"
+    assert failed == [f"FAILED: concurrency {level}: {says}"], out
+
+
 def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, tmp_path, capsys):
     url = standin(api_key="s3cret", token_latency=0.001)
     key = tmp_path / "key"
