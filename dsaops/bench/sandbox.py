@@ -18,6 +18,7 @@ network and cannot run away.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pwd
@@ -139,8 +140,24 @@ def run_python(code: str, *, timeout: float, memory_mb: int, mode: str | None = 
             output.seek(max(0, os.fstat(output.fileno()).st_size - 4096))
             text = output.read().decode(errors="replace")
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        _remove(folder)
     return _outcome(rc, text, seconds, timeout, flooded)
+
+
+def _remove(folder: Path) -> None:
+    """The program's folder and all in it. A program that ran as the caller may have closed folders
+    it made, or this one, to their owner: each is opened to its owner before the walk goes in."""
+    _open_to_owner(str(folder))
+    for parent, folders, _ in os.walk(folder):    # top-down: a folder's entries are read after it is opened
+        for name in folders:
+            _open_to_owner(os.path.join(parent, name))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _open_to_owner(path: str) -> None:
+    if not os.path.islink(path):     # chmod follows a link: only the folders themselves
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
 
 
 def _outcome(rc: int | None, text: str, seconds: float, timeout: float, flooded: bool) -> Outcome:

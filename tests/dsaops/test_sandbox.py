@@ -2,10 +2,13 @@
 runs the same program outside it, or a program that stays within the limits."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -141,3 +144,59 @@ def test_a_process_that_left_the_group_and_the_program_is_killed_too(mode):
     for pid in survivors:
         os.kill(pid, 9)
     assert not survivors, "a process the program started outlived it"
+
+
+CLOSES_ITS_FOLDERS = ("import os\nos.makedirs('d/e')\nopen('d/e/f', 'w').close()\n"
+                      "os.chmod('d/e', 0)\nos.chmod('d', 0)\nos.chmod('.', 0)\nprint('closed')\n")
+
+
+def run_unprivileged(code: str, mode: str, folder: str) -> list[str]:
+    """[isolation, status, detail] of `code` run by a sandbox whose caller is not root (root
+    removes any folder): in a forked child, as nobody where the test runs as root, with its
+    temporary folders in `folder`."""
+    python = sandbox.interpreter()        # as root: one that nobody may run
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        answer = ["error", "", ""]
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            sandbox.interpreter = lambda: python
+            sandbox.isolation.cache_clear()
+            tempfile.tempdir = folder
+            found = "sockets" if mode == "sockets" else sandbox.isolation()
+            answer = [found, "", ""]
+            if mode == "sockets" or found != "sockets":
+                outcome = sandbox.run_python(code, timeout=5, memory_mb=256, mode=found)
+                answer = [found, outcome.status, outcome.detail]
+        except BaseException as e:  # noqa: BLE001 -- the child must end here, saying why
+            answer = ["error", type(e).__name__, str(e)]
+        finally:
+            os.write(write, json.dumps(answer).encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        answer = json.loads(f.read())
+    os.waitpid(pid, 0)
+    return answer
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_folders_the_program_closed_go_with_its_own(mode):
+    """A program that runs as its (unprivileged) caller may close the folders it made, or its own, to
+    their owner: removing them failed, and the sandbox's folder stayed behind."""
+    folder = tempfile.mkdtemp(prefix="dsaops-sandbox-test-")   # pytest's tmp_path is closed to nobody
+    try:
+        if os.geteuid() == 0:
+            need(sandbox._others_may_run(sandbox.interpreter()), "a Python that nobody may run (/usr/bin/python3)")
+            os.chown(folder, 65534, 65534)
+        found, status, detail = run_unprivileged(CLOSES_ITS_FOLDERS, mode, folder)
+        need(found != "sockets" or mode == "sockets", "unprivileged user namespaces for `unshare --net`")
+        assert (status, detail) == ("passed", "closed"), (found, status, detail)
+        assert os.listdir(folder) == []
+    finally:
+        shutil.rmtree(folder)
