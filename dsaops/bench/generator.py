@@ -23,6 +23,7 @@ from typing import Self
 
 from dsaops import pins
 from dsaops.bench import bounded
+from dsaops.verify_probes import printable
 
 MODULE = "sglang.benchmark.serving"
 INSTALL_HINT = ("SGLang's load generator (sglang.benchmark.serving) is not importable here: run `dsaops bench "
@@ -155,8 +156,8 @@ class Generator:
 
 
 def _last_line(text: str) -> str:
-    """A traceback's last line, which names what failed."""
-    return text.strip().splitlines()[-1][:300]
+    """A traceback's last line, which names what failed, escaped: an HTTP error's is the server's body."""
+    return printable(text.strip().splitlines()[-1][:300])
 
 
 def _level(concurrency: int, requests: int, result: dict) -> Level:

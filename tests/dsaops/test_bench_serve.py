@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 
 from dsaops import pins
+from dsaops.bench import generator
 from dsaops.cli import main
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
@@ -243,3 +244,11 @@ def test_without_the_load_generator_it_says_how_to_get_it(standin, tokenizer_dir
     assert main(["bench", "serve", "--server-url", standin(), "--tokenizer", tokenizer_dir]) == 2
     err = capsys.readouterr().err
     assert "serving image" in err and f"pip install '{pins.requirement('sglang')}'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_servers_error_text_reaches_the_terminal_escaped():
+    """SGLang's generator keeps a refused request's reason and body as its error; the body is the
+    server's, and ESC ] 0 ; ... BEL would retitle the terminal."""
+    with pytest.raises(generator.LevelFailed) as failed:
+        generator._level(1, 1, {"errors": ["Bad Request: \x1b]0;owned\x07\x1b[2J"]})
+    assert str(failed.value) == "no request succeeded: Bad Request: \\x1b]0;owned\\x07\\x1b[2J"
