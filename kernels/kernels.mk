@@ -10,7 +10,7 @@ TILELANG_SITE ?= /tmp/site
 SGLANG_ROOT ?= $(BUNDLE_DIR)/sgl
 GPU_ENV = PYTHONPATH=.:$(TILELANG_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1
 
-.PHONY: test-gpu bench selftest compile-check gpu-site gpu-bundle
+.PHONY: test-gpu bench selftest compile-check gpu-check gpu-site gpu-bundle
 gpu-bundle: ## build .devbundle/ for a GPU host without network (BUNDLE_PYTHON=3.12 BUNDLE_PLATFORM=x86_64)
 	bash kernels/offline-bundle.sh --python $(BUNDLE_PYTHON) --platform $(BUNDLE_PLATFORM) --out $(BUNDLE_DIR)
 
@@ -19,14 +19,20 @@ gpu-site:
 	@if [ -f $(TILELANG_BUNDLE) ] && ! cmp -s $(BUNDLE_DIR)/BUNDLE $(TILELANG_SITE)/BUNDLE; then \
 	  mkdir -p $(TILELANG_SITE) && tar -xJf $(TILELANG_BUNDLE) -C $(TILELANG_SITE) --strip-components=1; fi
 
-test-gpu: gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.md)
+# Without a CUDA GPU pytest skips every GPU test and passes: the GPU targets stop first, in one line.
+gpu-check:
+	@$(GPU_PYTHON) -W ignore -c 'import importlib.util as u, sys; t = u.find_spec("torch") and __import__("torch"); \
+	sys.exit(None if t and t.cuda.is_available() else "make $(MAKECMDGOALS): needs a CUDA GPU, and $(GPU_PYTHON) " \
+	+ ("finds no torch" if not t else "sees no GPU") + ": run it on an H100/H200 host (CONTRIBUTING.md), or set GPU_PYTHON")'
+
+test-gpu: gpu-check gpu-site ## kernel tests marked gpu (an H100/H200 host; CONTRIBUTING.md)
 	$(GPU_ENV) $(GPU_PYTHON) -m pytest -m gpu tests/kernels -q -p no:cacheprovider $(PYTEST_ARGS)
 
-bench: gpu-site ## decode benchmarks on an H200 (FlashMLA from the bundle): benchmarks/h200-decode.json + PNG, then BENCHMARKS.md
+bench: gpu-check gpu-site ## decode benchmarks on an H200 (FlashMLA from the bundle): benchmarks/h200-decode.json + PNG, then BENCHMARKS.md
 	$(GPU_ENV) $(GPU_PYTHON) benchmarks/h200_decode.py --sglang-root $(SGLANG_ROOT) $(BENCH_ARGS)
 	$(GPU_PYTHON) benchmarks/report.py
 
-selftest: gpu-site ## dsaops' decode checked and timed against SGLang's on this GPU, the routing verdict (SELFTEST_ARGS=--heads 64)
+selftest: gpu-check gpu-site ## dsaops' decode checked and timed against SGLang's on this GPU, the routing verdict (SELFTEST_ARGS=--heads 64)
 	$(GPU_ENV) $(GPU_PYTHON) -m dsaops kernels selftest --sglang-root $(SGLANG_ROOT) $(SELFTEST_ARGS)
 
 compile-check: $(STAMP) ## compile every decode kernel for sm_90 and sm_121 (no GPU) and check shared memory

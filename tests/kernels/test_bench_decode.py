@@ -165,3 +165,23 @@ def test_make_puts_the_bundles_flashmla_on_the_gpu_path(tmp_path):
     dry = subprocess.run(["make", "-n", "-C", str(repo), "bench", f"TILELANG_SITE={site}"], capture_output=True,
                          text=True, check=True).stdout
     assert f":{site}" in next(line for line in dry.splitlines() if "h200_decode.py" in line)
+
+
+@pytest.mark.parametrize("target", ["test-gpu", "bench", "selftest"])
+@pytest.mark.parametrize("torch_found", [True, False], ids=["cpu-torch", "no-torch"])
+def test_a_gpu_target_on_a_host_without_a_gpu_stops_in_one_line(tmp_path, target, torch_found):
+    """Without a CUDA GPU pytest skipped every GPU test and `make test-gpu` passed; without torch it
+    failed in tracebacks. Each GPU target stops first instead, saying what it needs."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA GPU")
+    repo = Path(__file__).parents[2]
+    python = sys.executable if torch_found else f"{sys.executable} -S"  # -S: no site-packages, so no torch
+    done = subprocess.run(["make", "-s", "-C", str(repo), target, f"GPU_PYTHON={python}",
+                           f"BUNDLE_DIR={tmp_path / 'bundle'}", f"TILELANG_SITE={tmp_path / 'site'}"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    said = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(said) == 1 and "needs a CUDA GPU" in said[0], done.stderr
+    assert ("no torch" if not torch_found else "sees no GPU") in said[0]
