@@ -68,8 +68,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: `benchmarks`
+from dsaops.kernels.route import HEADS_MOST
+from dsaops.kernels.selftest import BATCH_MOST
+
 from benchmarks.report import D_V, DECODE_TARGETS, roofline_terms, sweep_plot
 from benchmarks.run_info import gpu_machine, run_info
+from dsaops.cli_args import digits, writable
 from dsaops.errors import UserError
 
 HEADS = (16, 32, 64, 128)
@@ -198,8 +202,11 @@ def parse_tile(spec):
     """A `--tiles` entry, heads:rows:stages:threads[:vr], as a Tile (vr: V in registers)."""
     from dsaops.kernels.tiles import Tile
 
-    hb, rows, stages, threads, *kind = spec.split(":")
-    return Tile(int(hb), int(rows), int(stages), int(threads), v_in_registers=kind == ["vr"])
+    fields = spec.split(":")
+    numbers = [digits(f) for f in fields[:4]]
+    if len(fields) not in (4, 5) or None in numbers or 0 in numbers or fields[4:] not in ([], ["vr"]):
+        raise UserError(f"--tiles {spec!r}: give heads:rows:stages:threads[:vr] in whole numbers, e.g. 64:128:2:256:vr")
+    return Tile(*numbers, v_in_registers=fields[4:] == ["vr"])
 
 
 # ---- what a section runs on: the GPU, or CPU stand-ins with fake timings (--dry-run)
@@ -405,7 +412,6 @@ def run_cases(run, result):
     pool = run.pool
     cases = result["cases"] = []
     host_calls = []  # a call of each case, timed on the host after the grid (timing.host_us)
-    extra = [parse_tile(spec) for spec in run.args.tiles]
     for H in run.args.heads:
         for S in run.args.batches:
             sets = run.sets(H, S)
@@ -429,7 +435,7 @@ def run_cases(run, result):
                                           others={"flashmla_err_vs_bf16": flashmla_out}, digits=5)
             cases.append(row)
             print(json.dumps(row), flush=True)
-            for t in extra:
+            for t in run.args.tiles:
                 print("tile", json.dumps(time_tile(run, t, H, S, sets)), flush=True)
     for row, (least, median) in zip(cases, run.timer.host(host_calls)):
         row["eager_host_us"], row["eager_host_us_median"] = least, median
@@ -632,6 +638,11 @@ def parse_args(argv):
     if unknown:
         raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
     args.sections = [s for s in SECTIONS if s in args.sections and s not in args.skip]
+    for flag, values, most in (("--heads", args.heads, HEADS_MOST), ("--batches", args.batches, BATCH_MOST)):
+        bad = [v for v in values or () if not 1 <= v <= most]
+        if bad:
+            raise UserError(f"{flag} {bad[0]}: give whole numbers from 1 to {most}")
+    args.tiles = [parse_tile(t) for t in args.tiles]
     grid = DRY if args.dry_run else {"heads": HEADS, "batches": BATCHES, "accuracy_heads": ACCURACY_HEADS,
                                      "accuracy_batch": ACCURACY_BATCH, "short_batches": SHORT_BATCHES, "sweep": SWEEP}
     args.heads = args.heads or list(grid["heads"])
@@ -653,8 +664,7 @@ def parse_args(argv):
 def preflight(args):
     """Check what the chosen sections need before any long step, so a missing piece fails at once."""
     need = set(args.sections)
-    if not os.access(os.path.dirname(os.path.abspath(args.out)) or ".", os.W_OK):
-        raise UserError(f"cannot write {args.out}: pass a writable --out")
+    writable("--out", args.out)
     if "sweep" in need and importlib.util.find_spec("matplotlib") is None:
         raise UserError("the sweep section plots with matplotlib, which is not importable: install it or --skip sweep")
     if args.dry_run:
@@ -718,7 +728,7 @@ def measure(args) -> dict:
     for name in args.sections:
         start = time.time()
         if name == "compile":
-            jobs = compile_jobs(args.sglang_root, args.heads, args.batches, [parse_tile(t) for t in args.tiles],
+            jobs = compile_jobs(args.sglang_root, args.heads, args.batches, args.tiles,
                                 proxy_jobs)
             result["compile_failures"] = run_jobs(jobs, args.workers)
             print(f"compiled {len(jobs)} kernel sets", flush=True)

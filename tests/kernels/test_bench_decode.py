@@ -123,6 +123,12 @@ def test_the_committed_results_are_measured_ones():
     (["--sections", "cases", "nosuch"], "unknown section(s) nosuch"),
     (["--dry-run", "--workers", "0"], "--workers must be >= 1"),
     (["--sections", "cases", "--out", "/proc/x/r.json"], "cannot write"),
+    (["--dry-run", "--sections", "cases", "--out", str(Path(__file__).parent)], "cannot write"),  # a folder
+    (["--dry-run", "--sections", "cases", "--batches", "0"], "--batches 0"),
+    (["--dry-run", "--sections", "cases", "--heads", "16", "-4"], "--heads -4"),
+    (["--dry-run", "--sections", "cases", "--heads", "2000"], "--heads 2000"),
+    (["--dry-run", "--sections", "cases", "--tiles", "64:x"], "--tiles '64:x'"),
+    (["--dry-run", "--sections", "cases", "--tiles", "64:128:2:256:v"], "--tiles '64:128:2:256:v'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert bench.main(argv) == 2
