@@ -22,7 +22,8 @@ FlashMLA runs as SGLang's DSA backend calls it for an fp8 cache (V32_NO_ROPE, he
 fp32 attention over the bf16 KV with bf16 q; `rel_err` is the kernel-only error, against fp32
 attention over the same raw fp8 KV and bf16 q.
 
-Sections, in this order (all by default; --sections picks, --skip drops; JSON written after each):
+Sections, in this order (all by default; --sections picks, --skip drops; the JSON so far is written
+to FILE.partial after each, FILE replaced when the run ends):
   compile   every kernel this run and `make test-gpu` need, in parallel processes, into the TileLang
             cache (dsaops sm_90 raw and row-scaled tiles with the merges, the sm_121 proxy, SGLang's
             kernels of the cases grid)
@@ -48,11 +49,11 @@ graph timing ~0.4 s: capture, 200 ms of replays; SGLang's fp8 kernel up to 2.3 m
 so `make bench` takes ~4 min cold and ~2 min warm. Tests and benchmark in one call of ~7 min, the
 kernels compiled once for both:
     make bench BENCH_ARGS="--sections compile" && make test-gpu; make bench BENCH_ARGS="--skip compile"
-The JSON (benchmarks/h200-decode.json; a dry run's: a temp file) is written after each section, the
-sweep PNG beside it (report.sweep_plot); it holds the raw numbers and the run's date, commit, machine
-and command. The targets are benchmarks/report.py's, judged from those numbers: each section prints
-its elapsed time, and the cases table and each target's verdict print last, as BENCHMARKS.md gives
-them.
+The JSON (benchmarks/h200-decode.json; a dry run's: a temp file) and the sweep PNG beside it
+(report.sweep_plot) are replaced only by a run that ends; the JSON holds the raw numbers and the
+run's date, commit, machine and command. The targets are benchmarks/report.py's, judged from those
+numbers: each section prints its elapsed time, and the cases table and each target's verdict print
+last, as BENCHMARKS.md gives them.
 """
 from __future__ import annotations
 
@@ -513,9 +514,6 @@ def run_sweep(run, result):
             rows.append({"H": H, "S": S, "dsaops_us": us, "roofline_us": round(roof, 2),
                          "roofline_pct": round(100 * roof / us, 1)})
             print(json.dumps(rows[-1]), flush=True)
-    plot = sweep_plot(run.args.out)
-    plot_sweep(rows, plot, dry=run.dry)
-    print(f"sweep plot: {plot}", flush=True)
 
 
 def plot_sweep(rows, path, dry=False):
@@ -693,6 +691,11 @@ def preflight(args):
                             "carries sgl-flash-mla; or pass --no-flashmla") from None
 
 
+def partial(args) -> str:
+    """Where the sections a run has finished so far are written."""
+    return args.out + ".partial"
+
+
 def write(result, path):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -708,6 +711,8 @@ def measure(args) -> dict:
         result |= {"dry_run": True, "fake_timings": True}
     elapsed = result["elapsed_s"] = {}
     t0 = time.time()
+    if os.path.exists(partial(args)):
+        os.remove(partial(args))  # an earlier failed run's: not this run's sections
     proxy_jobs = ()
     if not run.dry:
         import torch
@@ -746,7 +751,13 @@ def measure(args) -> dict:
         elapsed[name] = round(time.time() - start, 1)
         print(f"== {name}: {elapsed[name]:.0f} s (run {time.time() - t0:.0f} s)", flush=True)
         if name != "compile":
-            write(result, args.out)
+            write(result, partial(args))
+    if [s for s in args.sections if s != "compile"]:  # a failed run leaves the results and plot it would replace
+        if "sweep" in result:
+            plot_sweep(result["sweep"], sweep_plot(args.out), dry=run.dry)
+            print(f"sweep plot: {sweep_plot(args.out)}", flush=True)
+        write(result, args.out)
+        os.remove(partial(args))
     return result
 
 
@@ -757,7 +768,13 @@ def main(argv=None) -> int:
     except (UserError, OSError, ValueError) as e:
         print(f"h200_decode: {e}", file=sys.stderr)
         return 2
-    result = measure(args)
+    try:
+        result = measure(args)
+    except BaseException:
+        if os.path.exists(partial(args)):
+            print(f"h200_decode: the run failed; {args.out} is unchanged, the sections it finished are in "
+                  f"{partial(args)}", file=sys.stderr)
+        raise
     print("elapsed (s): " + ", ".join(f"{k} {v:.0f}" for k, v in result["elapsed_s"].items()))
     if [s for s in args.sections if s != "compile"]:
         print(f"results: {args.out}" + ("  (DRY RUN: FAKE TIMINGS)" if args.dry_run else ""))

@@ -191,3 +191,27 @@ def test_a_gpu_target_on_a_host_without_a_gpu_stops_in_one_line(tmp_path, target
     said = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
     assert len(said) == 1 and "needs a CUDA GPU" in said[0], done.stderr
     assert ("no torch" if not torch_found else "sees no GPU") in said[0]
+
+
+def test_a_run_that_fails_leaves_the_results_it_would_replace(tmp_path, capsys, small, monkeypatch):
+    """The sections a failed run finished go to FILE.partial; the results file and its sweep PNG are
+    replaced only by a run that ends."""
+    out = tmp_path / "r.json"
+    out.write_text('{"old": true}\n')
+
+    def fails(run, result):
+        raise RuntimeError("kvcopy broke")
+
+    kvcopy = bench.run_kvcopy
+    monkeypatch.setattr(bench, "run_kvcopy", fails)
+    argv = ["--dry-run", "--out", str(out), "--sections", "cases", "sweep", "kvcopy"]
+    with pytest.raises(RuntimeError, match="kvcopy broke"):
+        bench.main(argv)
+    assert out.read_text() == '{"old": true}\n' and not report.sweep_plot(out).exists()
+    partial = json.loads((tmp_path / "r.json.partial").read_text())
+    assert [c["S"] for c in partial["cases"]] == [1, 2] and partial["sweep"] and "kv_copy" not in partial
+    assert f"{out} is unchanged" in capsys.readouterr().err
+    monkeypatch.setattr(bench, "run_kvcopy", kvcopy)
+    assert bench.main(argv) == 0
+    assert json.loads(out.read_text())["kv_copy"] == [] and report.sweep_plot(out).exists()
+    assert not (tmp_path / "r.json.partial").exists()
