@@ -417,6 +417,8 @@ def load(path: Path) -> dict:
         raise ReportError(f"{path}: not JSON ({e}); rerun its benchmark") from None
     except OSError as e:
         raise ReportError(f"{path}: cannot read it ({e.strerror})") from None
+    if not isinstance(result, dict):
+        raise ReportError(f"{path}: not a JSON object; rerun its benchmark")
     missing = [f for f in RUN_FIELDS if not result.get(f)]
     if missing:
         raise ReportError(f"{path}: no {', '.join(missing)}; the benchmark writes them "
@@ -427,6 +429,8 @@ def load(path: Path) -> dict:
 def results_in(bench_dir: Path) -> dict[str, Path]:
     """{name: path} of the result JSONs in bench_dir; a JSON no section renders is refused."""
     found = {path.name: path for path in sorted(bench_dir.glob("*.json"))}
+    if not found:  # a page without results would replace the one that has them
+        raise ReportError(f"{bench_dir}: no result JSON there; give the folder of the benchmarks' JSONs (--bench-dir)")
     for name, path in found.items():
         if name not in KNOWN:
             raise ReportError(f"{path}: no section renders this file; add one to benchmarks/report.py or move it")
@@ -483,7 +487,15 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 1
         return 0
-    args.out.write_text(text)
+    tmp = args.out.with_name(f".{args.out.name}.tmp")  # the page is replaced whole or not at all
+    try:
+        tmp.write_text(text)
+        tmp.replace(args.out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        print(f"report: cannot write {args.out} ({e.strerror}); give a file in a folder you may write to",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -130,6 +130,29 @@ def test_a_result_the_page_cannot_use_is_refused_in_one_line(bench, tmp_path, na
     assert not (tmp_path / "BENCHMARKS.md").exists()
 
 
+@pytest.mark.parametrize("where, says", [
+    ("empty folder", "no result JSON"),
+    ("list", "not a JSON object"),
+    ("out is a folder", "cannot write"),
+    ("out in no folder", "cannot write"),
+])
+def test_what_makes_no_page_is_refused_in_one_line_and_the_page_kept(bench, tmp_path, where, says):
+    """An empty --bench-dir wrote a page with no results over the old one; a JSON list and an --out
+    that cannot be written ended in tracebacks."""
+    page = tmp_path / "BENCHMARKS.md"
+    page.write_text("kept\n")
+    if where == "empty folder":
+        bench = tmp_path / "empty"
+        bench.mkdir()
+    if where == "list":
+        (bench / "exporter-cpu.json").write_text("[1]")
+    out = {"out is a folder": tmp_path, "out in no folder": tmp_path / "no" / "B.md"}.get(where, page)
+    done = render(bench, out)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert page.read_text() == "kept\n" and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_a_json_no_section_renders_is_refused(bench, tmp_path):
     (bench / "h100-decode.json").write_text("{}")
     done = render(bench, tmp_path / "BENCHMARKS.md")
