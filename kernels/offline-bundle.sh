@@ -18,6 +18,10 @@ platform=x86_64
 out=.devbundle
 while [ $# -gt 0 ]; do
   case "$1" in
+    --python|--platform|--out)
+      [ -n "${2:-}" ] || { echo "offline-bundle.sh: $1 needs a value" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --python) python_version=$2; shift 2 ;;
     --platform) platform=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -41,8 +45,12 @@ flashmla=$(pin sgl-flash-mla)
 needs=(apache-tvm-ffi==0.1.11 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
        cloudpickle==3.1.3 ml-dtypes==0.5.4 psutil==7.2.2 tqdm==4.70.1)
 
+# Everything is made in $work and $stage (beside $out, so that its files move in by rename): a build
+# that fails leaves the bundle before it whole.
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+stage=$(mktemp -d "$out/.partial.XXXXXX")
+trap 'rm -rf "$work" "$stage"; rmdir "$out" 2>/dev/null || true' EXIT  # rmdir: an $out left empty
 tags=()
 for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014; do tags+=(--platform "${t}_$platform"); done
 
@@ -77,9 +85,8 @@ if [ -z "$sglang_wheel" ]; then
   sglang_wheel=$(ls "$work"/sglang/sglang-"$sglang"-*.whl)
 fi
 kernel=sglang/kernels/ops/attention/dsa/tilelang_kernel.py
-rm -rf "$out/sgl"
-mkdir -p "$out/sgl/$(dirname "$kernel")"
-python3 - "$sglang_wheel" "$kernel" "$out/sgl/$kernel" <<'EOF'
+mkdir -p "$stage/sgl/$(dirname "$kernel")"
+python3 - "$sglang_wheel" "$kernel" "$stage/sgl/$kernel" <<'EOF'
 import sys, zipfile
 
 wheel, member, dest = sys.argv[1:]
@@ -89,11 +96,15 @@ EOF
 
 manifest="python $python_version $platform; tilelang $tilelang; sgl-flash-mla $flashmla; sglang $sglang; ${needs[*]}"
 echo "$manifest" > "$work/site/BUNDLE"
-echo "$manifest" > "$out/BUNDLE"
-tar -C "$work" -cf - site | xz -T0 -6 > "$out/site.tar.xz"
-du -sh "$out"
-size=$(du -sb "$out" | cut -f1)
+echo "$manifest" > "$stage/BUNDLE"
+tar -C "$work" -cf - site | xz -T0 -6 > "$stage/site.tar.xz"
+size=$(du -sb "$stage" | cut -f1)
 if [ "$size" -gt $((64 << 20)) ]; then
-  echo "offline-bundle.sh: $out is $((size >> 20)) MiB, over the 64 MiB a carried folder may take" >&2
+  echo "offline-bundle.sh: the bundle is $((size >> 20)) MiB, over the 64 MiB a carried folder may take" >&2
   exit 1
 fi
+# BUNDLE last: kernels.mk unpacks site.tar.xz again when BUNDLE changes
+rm -rf "$out/sgl"
+mv "$stage/sgl" "$stage/site.tar.xz" "$out/"
+mv "$stage/BUNDLE" "$out/BUNDLE"
+du -sh "$out"

@@ -1,0 +1,94 @@
+"""kernels/offline-bundle.sh, run for real against a local wheel folder (pip's --find-links, no index):
+the bundle it writes, a failed build that leaves the bundle before it whole, and bad arguments."""
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dsaops import pins
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "kernels" / "offline-bundle.sh"
+KERNEL = "sglang/kernels/ops/attention/dsa/tilelang_kernel.py"
+
+
+def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> None:
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """pip sees only a folder of stand-in wheels for every pin the script downloads; SGLang's wheel is
+    in the dsaops cache, where the script looks first."""
+    links, cache = tmp_path / "wheels", tmp_path / "cache"
+    links.mkdir()
+    (cache / "wheels").mkdir(parents=True)
+    needs = re.search(r"needs=\((.*?)\)", SCRIPT.read_text(), re.DOTALL).group(1).split()
+    for spec in [pins.requirement("tilelang"), pins.requirement("sgl-flash-mla"), *needs]:
+        name, version = spec.split("==")
+        wheel(links, name, version, {f"{name.replace('-', '_')}/__init__.py": f"# {name}\n"})
+    wheel(cache / "wheels", "sglang", pins.SGLANG, {KERNEL: "# the baseline\n"})
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": str(links), "DSAOPS_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+
+
+def bundle(out: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--out", str(out), *extra], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_bundle_holds_the_site_the_baseline_and_its_manifest(tmp_path, env):
+    out = tmp_path / "out"
+    done = bundle(out, env)
+    assert done.returncode == 0, done.stderr
+    assert sorted(files(out)) == ["BUNDLE", "sgl/" + KERNEL, "site.tar.xz"]
+    assert (out / "sgl" / KERNEL).read_text() == "# the baseline\n"
+    with tarfile.open(out / "site.tar.xz") as tar:
+        names = tar.getnames()
+        assert tar.extractfile("site/BUNDLE").read() == (out / "BUNDLE").read_bytes()
+    assert {"site/tilelang/__init__.py", "site/flash_mla/__init__.py", "site/sgl_flash_mla/__init__.py"} - set(names) \
+        == {"site/flash_mla/__init__.py"}  # the stand-in wheel's package is named after it
+
+
+def test_a_failed_build_leaves_the_bundle_before_it_whole(tmp_path, env):
+    """A failing step after the downloads (here xz) truncated site.tar.xz and had already replaced
+    sgl/ and BUNDLE: a half bundle whose manifest named what it did not hold."""
+    out = tmp_path / "out"
+    assert bundle(out, env).returncode == 0
+    before = files(out)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "xz").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "xz").chmod(0o755)
+    done = bundle(out, {**env, "PATH": f"{fake}:{env['PATH']}"}, "--platform", "aarch64")
+    assert done.returncode != 0
+    assert files(out) == before and sorted(p.name for p in out.iterdir()) == ["BUNDLE", "sgl", "site.tar.xz"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--out"], "--out needs a value"),
+    (["--python", "3"], "--python takes X.Y"),
+    (["--out", ""], "--out needs a value"),
+    (["--platform", "arm"], "--platform must be x86_64 or aarch64"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, says):
+    done = subprocess.run(["bash", str(SCRIPT), *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
