@@ -14,10 +14,18 @@ GPU_ENV = PYTHONPATH=.:$(TILELANG_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUF
 gpu-bundle: ## build .devbundle/ for a GPU host without network (BUNDLE_PYTHON=3.12 BUNDLE_PLATFORM=x86_64)
 	bash kernels/offline-bundle.sh --python $(BUNDLE_PYTHON) --platform $(BUNDLE_PLATFORM) --out $(BUNDLE_DIR)
 
-# Unpacks the bundle when TILELANG_SITE holds none or another one (BUNDLE names what is in it).
+# Unpacks the bundle when TILELANG_SITE holds none or another one (BUNDLE names what is in it), beside
+# it first: the site is replaced whole (no files of an older bundle left), or, if the unpack fails, kept.
 gpu-site:
-	@if [ -f $(TILELANG_BUNDLE) ] && ! cmp -s $(BUNDLE_DIR)/BUNDLE $(TILELANG_SITE)/BUNDLE; then \
-	  mkdir -p $(TILELANG_SITE) && tar -xJf $(TILELANG_BUNDLE) -C $(TILELANG_SITE) --strip-components=1; fi
+	@set -e; site='$(TILELANG_SITE:%/=%)'; \
+	if [ -f '$(TILELANG_BUNDLE)' ] && ! cmp -s '$(BUNDLE_DIR)/BUNDLE' "$$site/BUNDLE"; then \
+	  rmdir "$$site" 2>/dev/null || true; \
+	  if [ -e "$$site" ] && [ ! -f "$$site/BUNDLE" ]; then \
+	    echo "make gpu-site: TILELANG_SITE=$$site holds files no bundle put there; give a new or empty folder" >&2; \
+	    exit 2; fi; \
+	  rm -rf "$$site.partial"; mkdir -p "$$site.partial"; \
+	  tar -xJf '$(TILELANG_BUNDLE)' -C "$$site.partial" --strip-components=1 || { rm -rf "$$site.partial"; exit 1; }; \
+	  rm -rf "$$site"; mv "$$site.partial" "$$site"; fi
 
 # Without a CUDA GPU pytest skips every GPU test and passes: the GPU targets stop first, in one line.
 gpu-check:

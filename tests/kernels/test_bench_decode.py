@@ -215,3 +215,40 @@ def test_a_run_that_fails_leaves_the_results_it_would_replace(tmp_path, capsys, 
     assert bench.main(argv) == 0
     assert json.loads(out.read_text())["kv_copy"] == [] and report.sweep_plot(out).exists()
     assert not (tmp_path / "r.json.partial").exists()
+
+
+def test_a_new_bundle_replaces_the_unpacked_site_whole(tmp_path):
+    """Unpacked over the old site, a new bundle left the old one's files importable beside its own, and
+    an unpack that failed left a half site; a folder this target did not unpack is not touched."""
+    import tarfile
+
+    repo = Path(__file__).parents[2]
+    bundle, site = tmp_path / "bundle", tmp_path / "site"
+    bundle.mkdir()
+
+    def make_bundle(manifest, module):
+        stage = tmp_path / "stage" / manifest / "site"
+        stage.mkdir(parents=True)
+        (stage / module).write_text("")
+        (stage / "BUNDLE").write_text(manifest)
+        (bundle / "BUNDLE").write_text(manifest)
+        with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
+            tar.add(stage, arcname="site")
+
+    def gpu_site():
+        return subprocess.run(["make", "-s", "-C", str(repo), "gpu-site", f"BUNDLE_DIR={bundle}",
+                               f"TILELANG_SITE={site}"], capture_output=True, text=True, timeout=60, check=False)
+
+    make_bundle("v1", "old.py")
+    assert gpu_site().returncode == 0 and sorted(p.name for p in site.iterdir()) == ["BUNDLE", "old.py"]
+    make_bundle("v2", "new.py")
+    assert gpu_site().returncode == 0 and sorted(p.name for p in site.iterdir()) == ["BUNDLE", "new.py"]
+    (bundle / "BUNDLE").write_text("v3")
+    (bundle / "site.tar.xz").write_bytes(b"not xz")
+    assert gpu_site().returncode != 0
+    assert sorted(p.name for p in site.iterdir()) == ["BUNDLE", "new.py"] and (site / "BUNDLE").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "site", "stage"]
+    (site / "BUNDLE").unlink()  # now a folder of someone else's files
+    make_bundle("v4", "v4.py")
+    done = gpu_site()
+    assert done.returncode != 0 and "TILELANG_SITE" in done.stderr and (site / "new.py").exists()
