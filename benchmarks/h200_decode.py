@@ -574,7 +574,7 @@ def run_proxy(run, result):
 def run_kvcopy(run, result):
     if run.dry:
         result["kv_copy"] = []
-        print("kvcopy: not run in a dry run (tests/kernels/test_bench_kv_copy.py covers its machinery)")
+        print("kvcopy: not run in a dry run (tests/benchmarks/test_bench_kv_copy.py covers its machinery)")
         return
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_kv_copy.py")
     spec = importlib.util.spec_from_file_location("bench_kv_copy", path)

@@ -65,6 +65,8 @@ def test_dry_run_writes_every_section_with_fake_timings_marked(tmp_path, capsys,
     png = tmp_path / "r-sweep.png"
     assert report.sweep_plot(out) == png and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out.splitlines()
+    kvcopy = next(line for line in printed if line.startswith("kvcopy: not run"))
+    assert (Path(__file__).parents[2] / kvcopy.split("(")[1].split()[0]).is_file(), kvcopy  # the test it names
     table = max(i for i, line in enumerate(printed) if line.startswith("dry run (CPU stand-ins)"))
     assert "DRY RUN: FAKE TIMINGS" in printed[table]
     assert len(printed) - table == 2 + len(r["cases"]) + len(report.DECODE_TARGETS)  # the table and targets last
