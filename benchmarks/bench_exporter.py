@@ -1,6 +1,6 @@
 """Exporter benchmark (not a test): scrape latency with 8 ranks and a 1 GB log, and steady CPU.
 
-    .venv/bin/python benchmarks/bench_exporter.py [--log-gb 1] [--scrapes 50] [--cpu-seconds 60]
+    .venv/bin/python benchmarks/bench_exporter.py [--log-gb 1] [--scrapes 50] [--cpu-seconds 60] [--out FILE]
 
 1. Writes a log of --log-gb GiB (SGLang 0.5.23 lines: the startup KV lines, then decode-batch
    and access lines), starts 8 processes titled `sglang::scheduler_TP0..7` under a launcher and
@@ -14,7 +14,9 @@ Targets: one scrape <= 50 ms; steady CPU < 1% of a core.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import math
 import os
 import platform
 import socket
@@ -30,15 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository, for `import dsaops` and `benchmarks.sglang_standin`
 
-import psutil
-from dsaops.healthchecks.exporter import Config, Exporter
-from dsaops.healthchecks.http import serve
-
 from benchmarks.run_info import run_info
 from benchmarks.sglang_standin import log_lines as L
 from benchmarks.sglang_standin.server import FakeServer, Launcher
+from dsaops.cli_args import writable
+from dsaops.errors import UserError
 
 RANKS = [f"sglang::scheduler_TP{i}" for i in range(8)]
+NEEDS = ("psutil", "prometheus_client", "setproctitle")  # the exporter's packages; the stand-in's ranks title with the last
 
 
 def write_log(path: Path, gib: float) -> None:
@@ -66,6 +67,9 @@ def get(url: str) -> bytes:
 
 
 def scrape_latency(log: Path, server_url: str, scrapes: int) -> dict:
+    from dsaops.healthchecks.exporter import Config, Exporter
+    from dsaops.healthchecks.http import serve
+
     exp = Exporter(Config(server_url=server_url, node="bench", log_file=str(log), interval=5.0)).start()
     httpd = serve(exp, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -96,6 +100,8 @@ def scrape_latency(log: Path, server_url: str, scrapes: int) -> dict:
 
 
 def steady_cpu(log: Path, server_url: str, seconds: float) -> dict:
+    import psutil
+
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--server-url", server_url, "--log-file",
                              str(log), "--listen", f"127.0.0.1:{port}", "--node", "bench", "--interval", "5"],
@@ -127,14 +133,41 @@ def steady_cpu(log: Path, server_url: str, seconds: float) -> dict:
     return {"cpu_seconds": round(wall), "cpu_pct_of_core": round(100 * used / wall, 2)}
 
 
-def main() -> None:
+def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--log-gb", type=float, default=1.0)
-    ap.add_argument("--scrapes", type=int, default=50)
-    ap.add_argument("--cpu-seconds", type=float, default=60)
+    ap.add_argument("--log-gb", type=float, default=1.0, help="GiB of SGLang log the exporter follows (default 1)")
+    ap.add_argument("--scrapes", type=int, default=50, help="scrapes timed (default 50)")
+    ap.add_argument("--cpu-seconds", type=float, default=60, help="seconds of steady CPU measured (default 60)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "exporter-cpu.json"),
                     help="result JSON, which benchmarks/report.py turns into BENCHMARKS.md")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for flag, value in (("--log-gb", args.log_gb), ("--cpu-seconds", args.cpu_seconds)):
+        if not 0 < value < math.inf:  # nan too
+            raise UserError(f"{flag} {value:g}: give a number above 0")
+    if args.scrapes < 1:
+        raise UserError(f"--scrapes {args.scrapes}: give a whole number from 1")
+    return args
+
+
+def preflight(args) -> None:
+    """What the run needs, checked before the log is written, so that a missing piece fails at once."""
+    writable("--out", args.out)
+    for name in NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise UserError(f"{name} is not importable: `make bench-exporter` runs this in the project's .venv, "
+                            "which has it") from None
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        preflight(args)
+    except UserError as e:
+        print(f"bench_exporter: {e}", file=sys.stderr)
+        return 2
+    import psutil
 
     result = {**run_info("make bench-exporter"), "processes": len(psutil.pids()), "ranks": len(RANKS)}
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -155,7 +188,8 @@ def main() -> None:
         json.dump(result, f, indent=1)
         f.write("\n")
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
