@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))  # the repository, for `import dsaops` and `benchm
 from benchmarks.run_info import run_info
 from benchmarks.sglang_standin import log_lines as L
 from benchmarks.sglang_standin.server import FakeServer, Launcher
-from dsaops.cli_args import writable
+from dsaops.cli_args import writable, write
 from dsaops.errors import UserError
 
 RANKS = [f"sglang::scheduler_TP{i}" for i in range(8)]
@@ -160,13 +160,7 @@ def preflight(args) -> None:
                             "which has it") from None
 
 
-def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        preflight(args)
-    except UserError as e:
-        print(f"bench_exporter: {e}", file=sys.stderr)
-        return 2
+def measure(args) -> dict:
     import psutil
 
     result = {**run_info("make bench-exporter"), "processes": len(psutil.pids()), "ranks": len(RANKS)}
@@ -184,9 +178,17 @@ def main(argv=None) -> int:
         finally:
             launcher.kill_all()
             server.close()
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    return result
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+        preflight(args)
+        write("--out", args.out, (json.dumps(measure(args), indent=1) + "\n").encode())
+    except UserError as e:
+        print(f"bench_exporter: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -45,3 +45,20 @@ def test_a_missing_package_is_named_in_one_line(tmp_path, missing):
         f"bench_exporter: {missing} is not importable: `make bench-exporter` runs this in the project's .venv, "
         "which has it\n"), done.stderr
     assert not out.exists()
+
+
+def test_results_that_cannot_be_written_keep_the_old_ones(tmp_path):
+    """A file-size limit below the JSON's size stands in for a full disk (Python ignores SIGXFSZ: the write
+    raises EFBIG); the measurement is stubbed, the stand-in server and ranks are real."""
+    out = tmp_path / "e.json"
+    out.write_text('{"old": true}\n')
+    script = (f"import resource, sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks import bench_exporter as b; "
+              "b.write_log = lambda log, gib: log.write_bytes(b''); "
+              "b.scrape_latency = lambda log, url, n: {'scrape_ms_p95': 1.0}; "
+              "b.steady_cpu = lambda log, url, s: {'cpu_pct_of_core': 0.1}; "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY)); "
+              f"sys.exit(b.main(['--out', {str(out)!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stderr == (f"bench_exporter: --out {out}: cannot write {tmp_path}/.e.json"
+                                                    ".dsaops-new: File too large (EFBIG); nothing was changed\n"), done.stderr
+    assert out.read_text() == '{"old": true}\n' and [p.name for p in tmp_path.iterdir()] == ["e.json"]
