@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from benchmarks.run_info import gpu_machine, run_info
+from dsaops.cli_args import writable
+from dsaops.errors import UserError
 
 D, TOPK, SLOTS, S, H = 512, 2048, 8192, 8, 16
 OUTLIER_CHANNELS = 8
@@ -61,12 +63,32 @@ def errors(sigma: float, outlier: float, seed: int = 0, kernels: bool = False) -
     return rel(out_raw), rel(out_scaled)
 
 
+def preflight(args) -> None:
+    """Checked before the first draw, so that a run is not lost to a typo or a missing piece at its end."""
+    if args.seeds < 1:
+        raise UserError(f"--seeds {args.seeds}: give a whole number from 1")
+    writable("--out", args.out)
+    try:
+        import torch
+    except ImportError:
+        raise UserError("torch is not importable: run this with a Python that has torch (CONTRIBUTING.md)") from None
+    if args.kernels and not torch.cuda.is_available():
+        raise UserError("--kernels runs the GPU kernels and torch sees no CUDA GPU here: run it on an H100/H200 "
+                        "host (CONTRIBUTING.md), or leave --kernels out for the fp32 references")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="draws of KV, q and indices a case averages (default 3)")
     p.add_argument("--kernels", action="store_true", help="the GPU kernels instead of the references")
     p.add_argument("--out", help="result JSON (default benchmarks/fp8-row-scale-cpu.json, --kernels: -gpu.json)")
     args = p.parse_args(argv)
+    args.out = args.out or str(Path(__file__).with_name(f"fp8-row-scale-{'gpu' if args.kernels else 'cpu'}.json"))
+    try:
+        preflight(args)
+    except UserError as e:
+        print(f"fp8_row_scale_accuracy: {e}", file=sys.stderr)
+        return 2
 
     command = f"PYTHONPATH=. python3 benchmarks/fp8_row_scale_accuracy.py --seeds {args.seeds}"
     if args.kernels:
@@ -83,9 +105,8 @@ def main(argv=None) -> int:
         result["cases"].append({"sigma": sigma, "outlier": outlier, "raw_err": round(raw, 5),
                                 "row_scaled_err": round(scaled, 5)})
         print(f"| {sigma} | {outlier:g} | {100 * raw:.2f}% | {100 * scaled:.2f}% |", flush=True)
-    out = Path(args.out or Path(__file__).with_name(f"fp8-row-scale-{'gpu' if args.kernels else 'cpu'}.json"))
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 
