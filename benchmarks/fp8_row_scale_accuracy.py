@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.run_info import gpu_machine, run_info
-from dsaops.cli_args import writable
+from dsaops.cli_args import writable, write
 from dsaops.errors import UserError
 
 D, TOPK, SLOTS, S, H = 512, 2048, 8192, 8, 16
@@ -105,7 +105,11 @@ def main(argv=None) -> int:
         result["cases"].append({"sigma": sigma, "outlier": outlier, "raw_err": round(raw, 5),
                                 "row_scaled_err": round(scaled, 5)})
         print(f"| {sigma} | {outlier:g} | {100 * raw:.2f}% | {100 * scaled:.2f}% |", flush=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        write("--out", args.out, (json.dumps(result, indent=1) + "\n").encode())
+    except UserError as e:
+        print(f"fp8_row_scale_accuracy: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -56,3 +56,20 @@ def test_without_torch_it_says_so_in_one_line(tmp_path):
         "fp8_row_scale_accuracy: torch is not importable: run this with a Python that has torch "
         "(CONTRIBUTING.md)\n"), done.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def test_results_that_cannot_be_written_keep_the_old_ones(tmp_path):
+    """A file-size limit below the JSON's size stands in for a full disk (Python ignores SIGXFSZ: the write
+    raises EFBIG); the draws are stubbed."""
+    out = tmp_path / "r.json"
+    out.write_text('{"old": true}\n')
+    script = (f"import importlib.util as u, resource, sys; sys.path.insert(0, {str(ROOT)!r}); "
+              f"spec = u.spec_from_file_location('study', {str(_path)!r}); s = u.module_from_spec(spec); "
+              "spec.loader.exec_module(s); s.errors = lambda *case: (0.02, 0.01); "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY)); "
+              f"sys.exit(s.main(['--seeds', '1', '--out', {str(out)!r}]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and done.stderr == (
+        f"fp8_row_scale_accuracy: --out {out}: cannot write {tmp_path}/.r.json.dsaops-new: File too large (EFBIG); "
+        "nothing was changed\n"), done.stderr
+    assert out.read_text() == '{"old": true}\n' and [p.name for p in tmp_path.iterdir()] == ["r.json"]
