@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROTATE = 8
 COPY_BYTES = 1 << 30
+POOL_ROWS = 1 << 20  # the KV pool the rows are written into and gathered from
 
 
 def _bench_us(fn) -> float:
@@ -79,7 +80,7 @@ def _cases(rows, pool_rows, width, d_nope, dev):
     ]
 
 
-def run(rows=65536, pool_rows=1 << 20, widths=(512, 576), sweep=True, copy_tb_s=None, device="cuda") -> list[dict]:
+def run(rows=65536, pool_rows=POOL_ROWS, widths=(512, 576), sweep=True, copy_tb_s=None, device="cuda") -> list[dict]:
     """One dict per kernel and row width (d=512: NoPE GLM-5.3-Flash; 576: 512 + 64 RoPE) at the default tile and,
     with sweep, at the other BLOCK_M values (default=False), so one GPU run shows whether another tile is better.
     copy_tb_s: the copy bandwidth measured by the caller (TB/s, read + write); measured here when None.
@@ -121,13 +122,20 @@ def markdown(results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=65536)
+    parser.add_argument("--rows", type=int, default=65536, help=f"rows a call writes or gathers, 1 to {POOL_ROWS}")
     parser.add_argument("--no-sweep", action="store_true", help="time the default BLOCK_M only")
     args = parser.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("bench_kv_copy: no CUDA GPU here; run it on a CUDA GPU host", file=sys.stderr)
+    if not 1 <= args.rows <= POOL_ROWS:
+        print(f"bench_kv_copy: --rows {args.rows}: give a whole number from 1 to {POOL_ROWS} (the pool's rows)",
+              file=sys.stderr)
+        return 2
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        print(f"bench_kv_copy: {'no torch' if torch is None else 'no CUDA GPU'} here; run it on a CUDA GPU host",
+              file=sys.stderr)
         return 2
     results = run(rows=args.rows, sweep=not args.no_sweep)
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": results}, indent=1))

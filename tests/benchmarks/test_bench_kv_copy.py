@@ -1,8 +1,12 @@
 """benchmarks/bench_kv_copy.py runs end to end (kernels under the CPU interpreter, the GPU timer replaced by a
 counter) and reports bytes and percentages consistently. Its timings are taken on the H200, never here."""
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from dsaops.kernels import kv_gather, kv_write
 
 from tests.support.triton_interpreter import interpreted
@@ -42,3 +46,19 @@ def test_a_failing_case_is_a_row_not_an_exception(monkeypatch):
     assert "RuntimeError: no graph here" in bench.markdown(results)
     results = bench.run(rows=8, pool_rows=16, widths=(512,), copy_tb_s=1.0, device="no-such-device")
     assert [r["kernel"] for r in results] == ["setup"] and "error" in results[0]
+
+
+@pytest.mark.parametrize("rows", ["0", "-5", str((1 << 20) + 1)])
+def test_bad_rows_are_one_line_and_exit_2(capsys, rows):
+    """Refused before torch loads: run() makes a failing case an error row, so on a GPU these ended 0."""
+    assert bench.main(["--rows", rows]) == 2
+    assert capsys.readouterr().err == (f"bench_kv_copy: --rows {rows}: give a whole number from 1 to 1048576 "
+                                       "(the pool's rows)\n")
+
+
+def test_without_torch_it_says_so_in_one_line(tmp_path):
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    done = subprocess.run([sys.executable, str(_path), "--no-sweep"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), check=False)
+    assert done.returncode == 2 and done.stderr == "bench_kv_copy: no torch here; run it on a CUDA GPU host\n", \
+        done.stderr
