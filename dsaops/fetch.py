@@ -123,13 +123,15 @@ def _connect(end: float, address: tuple[str, int], *_) -> socket.socket:
     error: OSError = OSError(f"no address for {host}")
     for family, kind, proto, _, sockaddr in _lookup(host, port, end):
         left = _left(end)
-        sock = socket.socket(family, kind, proto)
+        sock = None
         try:
+            sock = socket.socket(family, kind, proto)  # EAFNOSUPPORT for ::1 where IPv6 is off
             sock.settimeout(left)
             sock.connect(sockaddr)
             return sock
-        except OSError as e:  # refused or unreachable there: the next address may answer
-            sock.close()
+        except OSError as e:  # no such socket here, refused or unreachable there: the next address may answer
+            if sock is not None:
+                sock.close()
             error = e
     raise error
 

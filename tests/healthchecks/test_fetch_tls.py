@@ -1,6 +1,6 @@
 """fetch.request: a real TLS server with a certificate made here, verified as by default, for the
 URL's host name; a handshake that may not outlast what the TCP connect left of the deadline; a host
-name looked up within the deadline."""
+name looked up within the deadline, and its addresses tried in turn."""
 from __future__ import annotations
 
 import datetime
@@ -133,6 +133,19 @@ def test_the_host_name_lookup_waits_only_the_deadline(serve, monkeypatch):
     took = time.monotonic() - start
     assert took < deadline + 0.3, (took, got)
     assert str(got) == f"{url}: TimeoutError: host name lookup not done within the deadline"
+
+
+def test_an_address_whose_socket_cannot_be_made_gives_way_to_the_next(serve, monkeypatch):
+    """On a host booted with ipv6.disable=1, localhost's ::1 still comes first from getaddrinfo and
+    its socket fails with EAFNOSUPPORT: the next address answers, as socket.create_connection does.
+    The test's stand-in for getaddrinfo puts an address family the kernel refuses (255) first."""
+    server, lookup = serve(host="localhost"), socket.getaddrinfo
+
+    def unmakable_first(host, port, *args, **kwargs):
+        return [(255, socket.SOCK_STREAM, 0, "", ("::1", port)), *lookup(host, port, *args, **kwargs)]
+
+    monkeypatch.setattr(socket, "getaddrinfo", unmakable_first)
+    assert fetch.request(server.url, deadline_s=3, max_bytes=100) == (200, b"ok")
 
 
 def test_the_tls_handshake_waits_only_what_the_connect_left():
