@@ -48,9 +48,12 @@ needs=(apache-tvm-ffi==0.1.11 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
 # Everything is made in $work and $stage (beside $out, so that its files move in by rename): a build
 # that fails leaves the bundle before it whole.
 work=$(mktemp -d)
+made=""
+[ -d "$out" ] || made=$out
 mkdir -p "$out"
 stage=$(mktemp -d "$out/.partial.XXXXXX")
-trap 'rm -rf "$work" "$stage"; rmdir "$out" 2>/dev/null || true' EXIT  # rmdir: an $out left empty
+# rmdir: an $out this run made and left empty; a folder the user gave stays
+trap 'rm -rf "$work" "$stage"; [ -z "$made" ] || rmdir "$made" 2>/dev/null || true' EXIT
 tags=()
 for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014; do tags+=(--platform "${t}_$platform"); done
 

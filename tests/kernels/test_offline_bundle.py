@@ -49,6 +49,15 @@ def bundle(out: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
                           timeout=300, check=False)
 
 
+def failing_xz(tmp_path: Path, env: dict) -> dict:
+    """env with an xz that fails: a step after the downloads."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "xz").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "xz").chmod(0o755)
+    return {**env, "PATH": f"{fake}:{env['PATH']}"}
+
+
 def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -72,13 +81,17 @@ def test_a_failed_build_leaves_the_bundle_before_it_whole(tmp_path, env):
     out = tmp_path / "out"
     assert bundle(out, env).returncode == 0
     before = files(out)
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "xz").write_text("#!/bin/sh\nexit 1\n")
-    (fake / "xz").chmod(0o755)
-    done = bundle(out, {**env, "PATH": f"{fake}:{env['PATH']}"}, "--platform", "aarch64")
+    done = bundle(out, failing_xz(tmp_path, env), "--platform", "aarch64")
     assert done.returncode != 0
     assert files(out) == before and sorted(p.name for p in out.iterdir()) == ["BUNDLE", "sgl", "site.tar.xz"]
+
+
+def test_a_failed_build_keeps_the_empty_folder_it_was_given(tmp_path, env):
+    """--out names a folder made for the bundle (its owner, its mode): a failure leaves it there."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o750)
+    assert bundle(out, failing_xz(tmp_path, env)).returncode != 0
+    assert out.is_dir() and list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv, says", [
