@@ -487,12 +487,16 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 1
         return 0
-    tmp = args.out.with_name(f".{args.out.name}.tmp")  # the page is replaced whole or not at all
+    # a file is replaced whole or not at all; a pipe or device (/dev/stdout) renamed over would become a file
+    stream = args.out.exists() and not args.out.is_file()
+    tmp = args.out if stream else args.out.with_name(f".{args.out.name}.tmp")
     try:
         tmp.write_text(text)
-        tmp.replace(args.out)
+        if not stream:
+            tmp.replace(args.out)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if not stream:
+            tmp.unlink(missing_ok=True)
         print(f"report: cannot write {args.out} ({e.strerror}); give a file in a folder you may write to",
               file=sys.stderr)
         return 2

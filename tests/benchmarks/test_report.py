@@ -1,6 +1,8 @@
 """BENCHMARKS.md is what benchmarks/report.py makes of benchmarks/*.json, and it follows the JSON."""
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +153,21 @@ def test_what_makes_no_page_is_refused_in_one_line_and_the_page_kept(bench, tmp_
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert page.read_text() == "kept\n" and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_page_to_a_pipe_goes_through_it(bench, tmp_path):
+    """--out /dev/stdout or a pipe: renamed over, the temp file replaced the pipe (as root, /dev/stdout
+    itself) by a file, and the reader got nothing."""
+    pipe = tmp_path / "page"
+    os.mkfifo(pipe)
+    reader = subprocess.Popen(["cat", str(pipe)], stdout=subprocess.PIPE, text=True)
+    done = render(bench, pipe)
+    try:
+        page, _ = reader.communicate(timeout=10)
+    finally:
+        reader.kill()
+    assert done.returncode == 0, done.stderr
+    assert page == COMMITTED.read_text() and stat.S_ISFIFO(pipe.lstat().st_mode)
 
 
 def test_a_json_no_section_renders_is_refused(bench, tmp_path):
