@@ -149,7 +149,10 @@ def _lookup(host: str, port: int, end: float) -> list:
             found.set_exception(e)
 
     left = _left(end)
-    threading.Thread(target=ask, daemon=True).start()
+    try:
+        threading.Thread(target=ask, daemon=True).start()
+    except RuntimeError as e:  # no thread to be had (a pids limit): a failed request, not a crash of the caller
+        raise OSError(f"host name lookup not started: {e}") from None
     try:
         return found.result(timeout=left)
     except concurrent.futures.TimeoutError:

@@ -135,6 +135,19 @@ def test_the_host_name_lookup_waits_only_the_deadline(serve, monkeypatch):
     assert str(got) == f"{url}: TimeoutError: host name lookup not done within the deadline"
 
 
+def test_a_lookup_thread_that_cannot_start_is_a_failed_request(serve, monkeypatch):
+    """Under a pids limit a thread cannot start (RuntimeError); the health check and verify catch
+    FetchError, so it must fail as a request, not as a traceback. The refusal is a stand-in."""
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+
+    url = serve(host="localhost").url
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    with pytest.raises(fetch.FetchError) as failed:
+        fetch.request(url, deadline_s=1, max_bytes=100)
+    assert str(failed.value) == f"{url}: OSError: host name lookup not started: can't start new thread"
+
+
 def test_an_address_whose_socket_cannot_be_made_gives_way_to_the_next(serve, monkeypatch):
     """On a host booted with ipv6.disable=1, localhost's ::1 still comes first from getaddrinfo and
     its socket fails with EAFNOSUPPORT: the next address answers, as socket.create_connection does.
