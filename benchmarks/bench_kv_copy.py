@@ -5,7 +5,7 @@ through ROTATE independent input sets bigger than L2 together, so a replay reads
 than from the previous replay's cache lines. Bytes counted are what the kernel must move: the write
 reads bf16 rows and int64 slot ids and writes fp8 rows; the gather reads fp8 rows and int32 ids and
 writes fp8 rows and int32 ids. The copy bandwidth (read + write) is the caller's measurement when it
-passes one (the decode bench driver does), else a device-to-device copy of 1 GiB timed here.
+passes one (the decode bench driver does), else kernels/timing.py's, measured here.
 
     python benchmarks/bench_kv_copy.py [--rows 65536] [--no-sweep]     # prints JSON rows
 `run()` is what the kernels bench driver calls.
@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 ROTATE = 8
-COPY_BYTES = 1 << 30
 POOL_ROWS = 1 << 20  # the KV pool the rows are written into and gathered from
 
 
@@ -27,15 +26,6 @@ def _bench_us(fn) -> float:
     from triton.testing import do_bench_cudagraph
 
     return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
-
-
-def copy_gb_s() -> float:
-    """Device-to-device copy bandwidth, read plus write bytes, GB/s."""
-    import torch
-
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * COPY_BYTES / _bench_us(lambda: dst.copy_(src)) / 1e3
 
 
 def _rotating(calls):
@@ -85,7 +75,11 @@ def run(rows=65536, pool_rows=POOL_ROWS, widths=(512, 576), sweep=True, copy_tb_
     with sweep, at the other BLOCK_M values (default=False), so one GPU run shows whether another tile is better.
     copy_tb_s: the copy bandwidth measured by the caller (TB/s, read + write); measured here when None.
     A case that fails becomes a row with "error" (the decode driver writes its results after this returns)."""
-    copy_gbps = copy_tb_s * 1e3 if copy_tb_s else copy_gb_s()
+    if not copy_tb_s:
+        from dsaops.kernels import timing
+
+        copy_tb_s = timing.copy_tb_s()  # the decode benchmark's own ceiling, so the shares agree with its run
+    copy_gbps = copy_tb_s * 1e3
     results = []
     for width in widths:
         try:

@@ -5,7 +5,7 @@
   other rows and indices are read between two calls of one set, so no call finds its rows in
   L2 (50 MB on an H200), as in a server's decode where every step reads new top-k rows.
 - host_us: host wall time of an eager call, several calls' runs taken in turns.
-- ceilings: the copy bandwidth and fp8 matmul rate a roofline divides by.
+- ceilings: the copy bandwidth (copy_tb_s) and fp8 matmul rate a roofline divides by.
 
 torch and triton are imported on use (benchmarks and `dsaops kernels selftest` share this).
 """
@@ -93,8 +93,8 @@ def host_us(fns, calls: int = 200, repeats: int = 15, sync=None) -> list[tuple[f
     return [(min(times), statistics.median(times)) for times in runs]
 
 
-def ceilings() -> tuple[float, float]:
-    """(copy TB/s counting read + write, fp8 torch._scaled_mm TFLOP/s at 8192^3), measured here."""
+def copy_tb_s() -> float:
+    """Device-to-device copy bandwidth of 1 GiB, TB/s counting read + write, measured here."""
     import torch
     import triton
 
@@ -102,12 +102,19 @@ def ceilings() -> tuple[float, float]:
     src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(functools.partial(dst.copy_, src), warmup=25, rep=200, return_mode="median")
-    copy_tb_s = 2 * n / (ms * 1e-3) / 1e12
-    del src, dst  # free 2 GiB before the matmul
+    return 2 * n / (ms * 1e-3) / 1e12  # src and dst go with this frame: 2 GiB free again for the caller
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy TB/s counting read + write, fp8 torch._scaled_mm TFLOP/s at 8192^3), measured here."""
+    import torch
+    import triton
+
+    copy = copy_tb_s()
     m = 8192
     a = torch.randn((m, m), device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn((m, m), device="cuda").to(torch.float8_e4m3fn).t()  # column-major, as cuBLASLt wants
     one = torch.ones((), device="cuda")
     ms = triton.testing.do_bench(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
                                  warmup=25, rep=200, return_mode="median")
-    return copy_tb_s, 2 * m**3 / (ms * 1e-3) / 1e12
+    return copy, 2 * m**3 / (ms * 1e-3) / 1e12

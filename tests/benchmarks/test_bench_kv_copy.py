@@ -62,3 +62,16 @@ def test_without_torch_it_says_so_in_one_line(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(tmp_path)), check=False)
     assert done.returncode == 2 and done.stderr == "bench_kv_copy: no torch here; run it on a CUDA GPU host\n", \
         done.stderr
+
+
+def test_alone_it_divides_by_the_decode_benchmarks_copy_ceiling(monkeypatch):
+    """Without the caller's measurement the copy bandwidth is kernels/timing.py's, as in `make bench`: a
+    graph-timed copy of its own read 2.71 TB/s on an H200 where that reads 4.22, and every share passed 100%."""
+    from dsaops.kernels import timing
+
+    interpreted(kv_write, monkeypatch)
+    interpreted(kv_gather, monkeypatch)
+    monkeypatch.setattr(timing, "copy_tb_s", lambda: 0.5)
+    monkeypatch.setattr(bench, "_bench_us", lambda fn: (fn(), 10.0)[-1])
+    row = bench.run(rows=8, pool_rows=16, widths=(512,), sweep=False, device="cpu")[0]
+    assert row["copy_gb_s"] == 500.0 and row["pct_of_copy"] == round(100 * row["bytes"] / 10.0 / 1e3 / 500.0, 1)
