@@ -19,7 +19,7 @@ import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
-from tests.support.json_http import JsonHandler
+from tests.dsaops.json_http import JsonHandler
 
 
 class Handler(JsonHandler):

@@ -14,9 +14,9 @@ import pytest
 from dsaops import pins
 from dsaops.bench import generator
 from dsaops.cli import main
+from tests.dsaops.raw_http import answering, http_response
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
-from tests.support.raw_http import answering, http_response
 
 CAP = 4
 LEVELS = [1, 2, 4, 8, 16]

@@ -15,9 +15,9 @@ import pytest
 
 from dsaops import verify_probes as vp
 from dsaops.cli import main
-from tests.support.json_http import JsonHandler
+from tests.dsaops.json_http import JsonHandler
+from tests.dsaops.raw_http import answering, http_response
 from tests.support.ports import free_port
-from tests.support.raw_http import answering, http_response
 
 EXPECTED = {prompt: expected for _, prompt, expected in vp.PROMPTS}
 NEEDLE = re.compile(r"The secret passphrase is (\S+)\.")
