@@ -44,6 +44,12 @@ def _reaches(bound: str, host: str) -> bool:
         return False
 
 
+def _same_port(given: str, port: str) -> bool:
+    """SGLang's --port is an int (srt/arg_groups/fields/serving.py): 08000 is port 8000."""
+    digits = given.isascii() and given.isdigit() and port.isascii() and port.isdigit()
+    return given == port or (digits and int(given) == int(port))
+
+
 def check(host: str, port: str, argv: list[str]) -> str | None:
     """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port, or
     would not read the --config file it was given (sglang_config.unread_config)."""
@@ -63,7 +69,7 @@ def check(host: str, port: str, argv: list[str]) -> str | None:
         return f"{key}: {value} in --config {launch.config}", f"{key}: from {launch.config}"
 
     given_port = last.get("--port", ("",))[0] or None   # an empty one: the entrypoint's --port, after it, wins
-    if given_port is not None and given_port != port:
+    if given_port is not None and not _same_port(given_port, port):
         said, drop = named("--port")
         raise ValueError(f"{said} differs from DSAOPS_SERVER_PORT={port}, which the health check and the exporter"
                          f" use; run with -e DSAOPS_SERVER_PORT={given_port} (or drop {drop})")

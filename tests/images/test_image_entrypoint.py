@@ -151,6 +151,15 @@ def test_a_host_the_checks_reach_starts_the_server(tmp_path, host, env):
     assert f"args=--model-path /m --host {host} --port 30000\n" in log_of(tmp_path)
 
 
+@pytest.mark.parametrize("given", [["--port", "08000"], ["--config", "{}"]])
+def test_a_port_with_a_leading_zero_is_that_port(tmp_path, given):
+    """SGLang reads --port as an int, and YAML keeps 08000 a string: both are port 8000."""
+    args = [arg.format(config_file(tmp_path, "port: 08000\n")) for arg in given]
+    proc = start(tmp_path, "--model-path", "/m", *args, STANDIN_EXIT="0", DSAOPS_SERVER_PORT="8000")
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert f"args=--model-path /m {' '.join(args)}\n" in log_of(tmp_path)
+
+
 def config_file(tmp_path: Path, text: str, name: str = "sglang.yaml") -> str:
     path = tmp_path / name
     path.write_text(text)
