@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import socket
 import statistics
 import subprocess
@@ -141,6 +142,9 @@ def parse_args(argv) -> argparse.Namespace:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "exporter-cpu.json"),
                     help="result JSON, which benchmarks/report.py turns into BENCHMARKS.md")
     args = ap.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    # the make target runs it with the defaults; other flags are recorded as given, for the page's command row
+    args.command = shlex.join(["python3", "benchmarks/bench_exporter.py", *given]) if given else "make bench-exporter"
     for flag, value in (("--log-gb", args.log_gb), ("--cpu-seconds", args.cpu_seconds)):
         if not 0 < value < math.inf:  # nan too
             raise UserError(f"{flag} {value:g}: give a number above 0")
@@ -163,7 +167,7 @@ def preflight(args) -> None:
 def measure(args) -> dict:
     import psutil
 
-    result = {**run_info("make bench-exporter"), "processes": len(psutil.pids()), "ranks": len(RANKS)}
+    result = {**run_info(args.command), "processes": len(psutil.pids()), "ranks": len(RANKS)}
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{len(psutil.pids())} processes")
     with tempfile.TemporaryDirectory(prefix="dsaops-bench-") as tmp:

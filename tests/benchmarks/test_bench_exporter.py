@@ -1,5 +1,6 @@
 """benchmarks/bench_exporter.py refuses what would spoil a run before it writes its log, in one line. Its
 timings are taken by `make bench-exporter`, never here."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -62,3 +63,15 @@ def test_results_that_cannot_be_written_keep_the_old_ones(tmp_path):
     assert done.returncode == 2 and done.stderr == (f"bench_exporter: --out {out}: cannot write {tmp_path}/.e.json"
                                                     ".dsaops-new: File too large (EFBIG); nothing was changed\n"), done.stderr
     assert out.read_text() == '{"old": true}\n' and [p.name for p in tmp_path.iterdir()] == ["e.json"]
+
+
+@pytest.mark.parametrize("argv, command", [
+    ([], "make bench-exporter"),
+    (QUICK, "python3 benchmarks/bench_exporter.py " + " ".join(QUICK)),
+])
+def test_the_command_recorded_is_the_one_run(argv, command):
+    """BENCHMARKS.md's command row comes from the JSON: a short run must not read as the make target's."""
+    spec = importlib.util.spec_from_file_location("bench_exporter", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.parse_args(argv).command == command
