@@ -222,10 +222,6 @@ def sglang_wheel_for(target, pin: str) -> Path:
     return found
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()   # PEP 503: how pip compares project names
-
-
 def check_sglang_wheel(path: Path, target, pin: str, *, own_base: bool = False) -> Path:
     """`path`, when it is the pinned SGLang wheel that the image's Python (`target`) installs; else a
     UserError. The engine stage's pip refuses such a file only minutes into the build; its glob wants
@@ -264,7 +260,7 @@ def check_sglang_wheel(path: Path, target, pin: str, *, own_base: bool = False) 
         raise UserError(f"{where}: cannot read its METADATA ({e}); {fix}") from None
     headers = email.parser.BytesHeaderParser().parsebytes(head)
     said = (str(headers.get("Name", "")).strip(), str(headers.get("Version", "")).strip())
-    if (_canonical(said[0]), said[1]) != ("sglang", pin):
+    if (said[0].lower(), said[1]) != ("sglang", pin):   # pip's PEP 503 name compare, for a name with no -_.
         raise UserError(f"{where}: its METADATA says {said[0] or 'no Name'} {said[1] or 'no Version'}, "
                         f"its name sglang {pin}; {fix}")
     return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 
+from dsaops.cli_args import digits
 from dsaops.sglang_config import merged, unread_config
 
 OPTIONS = ("--host", "--port")
@@ -46,8 +47,7 @@ def _reaches(bound: str, host: str) -> bool:
 
 def _same_port(given: str, port: str) -> bool:
     """SGLang's --port is an int (srt/arg_groups/fields/serving.py): 08000 is port 8000."""
-    digits = given.isascii() and given.isdigit() and port.isascii() and port.isdigit()
-    return given == port or (digits and int(given) == int(port))
+    return given == port or ((number := digits(given)) is not None and number == digits(port))
 
 
 def check(host: str, port: str, argv: list[str]) -> str | None:
