@@ -38,24 +38,32 @@ def test_every_alert_has_a_test():
 PLAN_JOIN = 'unless on (node, by) (dsa_concurrency_planned_binding == 1)'
 
 
+def without_keep_firing(expr_end: str, wait: str) -> tuple[str, str]:
+    """(right, wrong): the rule whose expression ends in expr_end, with and without its keep_firing_for."""
+    rule = f"{expr_end}\n        for: {wait}\n"
+    return rule + "        keep_firing_for: 2m\n", rule
+
+
 @pytest.mark.parametrize("right,wrong,alert", [
     # the death alert made to need 5 deaths misses the one death
     ("increase(dsa_worker_deaths_total[10m]) > 0", "increase(dsa_worker_deaths_total[10m]) > 5", "DsaWorkerRankDied"),
     # the cap alert without the plan fires for the planned split; joined on node alone it misses the KV cap
     (PLAN_JOIN, "unless on (node, by) (vector(0) == 1)", "DsaConcurrencyCapped"),
     (PLAN_JOIN, PLAN_JOIN.replace("(node, by)", "(node)"), "DsaConcurrencyCapped"),
-    # without keep_firing_for an exporter restart's missed scrape resolves a dead rank's alert
-    ("        keep_firing_for: 2m\n", "", "DsaWorkerRankDown"),
-], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node", "down-resolved-by-a-missed-scrape"])
+    # without keep_firing_for an exporter restart's missed scrape resolves the alert, which fires anew later
+    (*without_keep_firing("expr: dsa_worker_up == 0", "1m"), "DsaWorkerRankDown"),
+    (*without_keep_firing("expr: dsa_server_up == 0", "1m"), "DsaServerDown"),
+], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node", "down-resolved-by-a-missed-scrape",
+        "server-down-resolved-by-a-missed-scrape"])
 def test_negative_control_a_wrong_rule_fails_the_tests(promtool, tmp_path, right, wrong, alert):
     """The unit tests can fail: each rule made wrong fails its alert's cases."""
     (tmp_path / "tests").mkdir()
     text = (RULES / "dsaops.yml").read_text()
-    assert right in text
+    assert text.count(right) == 1  # the change touches that one rule
     (tmp_path / "dsaops.yml").write_text(text.replace(right, wrong))
     shutil.copy(RULES / "tests" / "dsaops_test.yml", tmp_path / "tests")
     r = run(promtool, "test", "rules", "tests/dsaops_test.yml", cwd=tmp_path)
-    assert r.returncode != 0 and alert in r.stdout + r.stderr
+    assert r.returncode != 0 and set(re.findall(r"alertname: (\w+), time:", r.stdout + r.stderr)) == {alert}
 
 
 def test_every_metric_in_the_rules_is_documented():
