@@ -53,8 +53,16 @@ def without_keep_firing(expr_end: str, wait: str) -> tuple[str, str]:
     # without keep_firing_for an exporter restart's missed scrape resolves the alert, which fires anew later
     (*without_keep_firing("expr: dsa_worker_up == 0", "1m"), "DsaWorkerRankDown"),
     (*without_keep_firing("expr: dsa_server_up == 0", "1m"), "DsaServerDown"),
+    (*without_keep_firing(PLAN_JOIN, "5m"), "DsaConcurrencyCapped"),
+    (*without_keep_firing("(0.95 * max by (node) (dsa_kv_pool_planned_tokens))", "2m"), "DsaKvPoolBelowPlan"),
+    (*without_keep_firing("dsa_host_memory_available_bytes / dsa_host_memory_total_bytes < 0.05", "1m"),
+     "DsaHostMemoryLow"),
+    (*without_keep_firing('dsa_host_memory_pressure_ratio{kind="full", window="60s"} > 0.05', "2m"),
+     "DsaHostMemoryPressure"),
 ], ids=["deaths-threshold", "cap-ignores-plan", "cap-joined-on-node", "down-resolved-by-a-missed-scrape",
-        "server-down-resolved-by-a-missed-scrape"])
+        "server-down-resolved-by-a-missed-scrape", "cap-resolved-by-a-missed-scrape",
+        "kv-pool-resolved-by-a-missed-scrape", "memory-low-resolved-by-a-missed-scrape",
+        "memory-pressure-resolved-by-a-missed-scrape"])
 def test_negative_control_a_wrong_rule_fails_the_tests(promtool, tmp_path, right, wrong, alert):
     """The unit tests can fail: each rule made wrong fails its alert's cases."""
     (tmp_path / "tests").mkdir()
