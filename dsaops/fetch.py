@@ -15,6 +15,7 @@ import concurrent.futures
 import functools
 import http.client
 import io
+import ipaddress
 import socket
 import threading
 import time
@@ -139,7 +140,14 @@ def _connect(end: float, address: tuple[str, int], *_) -> socket.socket:
 def _lookup(host: str, port: int, end: float) -> list:
     """getaddrinfo as create_connection asks it, waited for only until `end`: it takes no timeout,
     and with a dead DNS server the system resolver blocks for seconds to tens of seconds. The
-    thread is a daemon, left to finish alone."""
+    thread is a daemon, left to finish alone. An IP address (urlsplit drops IPv6's brackets) is
+    its own answer: no lookup, no thread."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a host name
+        pass
+    else:
+        return [(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM, 0, "", (host, port))]
     found = concurrent.futures.Future()
 
     def ask():

@@ -1,6 +1,6 @@
 """fetch.request: a real TLS server with a certificate made here, verified as by default, for the
 URL's host name; a handshake that may not outlast what the TCP connect left of the deadline; a host
-name looked up within the deadline, and its addresses tried in turn."""
+name looked up within the deadline, and its addresses tried in turn; an IP address not looked up."""
 from __future__ import annotations
 
 import datetime
@@ -50,14 +50,24 @@ class _Ok(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _IPv6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 @pytest.fixture
 def serve():
-    """start() serves _Ok on 127.0.0.1, over TLS with a certificate; `.url` names `host`, `.hosts` and
-    `.names` list each request's Host header and TLS server name."""
+    """start() serves _Ok on 127.0.0.1 (on ::1 for the host [::1]), over TLS with a certificate; `.url`
+    names `host`, `.hosts` and `.names` list each request's Host header and TLS server name."""
     started = []
 
     def start(cert=None, key=None, host="127.0.0.1") -> http.server.ThreadingHTTPServer:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+        if host == "[::1]":
+            try:
+                server = _IPv6Server(("::1", 0), _Ok)
+            except OSError as e:  # a host booted with ipv6.disable=1, or no ::1 on its loopback
+                pytest.skip(f"no IPv6 loopback here: {e}")
+        else:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
         server.hosts, server.names = [], []
         if cert:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -110,6 +120,23 @@ def test_a_host_name_is_looked_up_and_sent(serve):
     server = serve(host="localhost")
     assert fetch.request(server.url, deadline_s=3, max_bytes=100) == (200, b"ok")
     assert server.hosts == [f"localhost:{server.server_address[1]}"]
+
+
+@pytest.mark.parametrize("host,tls", [("127.0.0.1", False), ("127.0.0.1", True), ("[::1]", False)])
+def test_an_ip_address_is_connected_to_without_a_lookup(host, tls, serve, tmp_path, monkeypatch):
+    """An IP address needs no name lookup, nor the thread that bounds it: with getaddrinfo refusing
+    (the test's stand-in), the request answers only if it was never asked. Host and TLS checks hold."""
+    cert, key = certificate(tmp_path, LOOPBACK) if tls else (None, None)
+    if tls:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    server = serve(cert, key, host=host)
+
+    def refused(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_AGAIN, "getaddrinfo asked for an IP address")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refused)
+    assert fetch.request(server.url, deadline_s=3, max_bytes=100) == (200, b"ok")
+    assert server.hosts == [f"{host}:{server.server_address[1]}"]
 
 
 def test_the_host_name_lookup_waits_only_the_deadline(serve, monkeypatch):
