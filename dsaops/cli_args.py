@@ -9,6 +9,7 @@ import argparse
 import math
 import os
 import re
+import tempfile
 import urllib.parse
 from pathlib import Path
 
@@ -82,11 +83,22 @@ def whole_numbers(text: str, flag: str, example: str) -> list[int]:
 
 
 def can_write_in(folder: Path) -> bool:
-    """Whether files can be made in folder: it, or (for mkdir -p) its nearest existing parent, is a writable folder."""
-    folder = folder.absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+    """Whether a file can be made in folder, made first with its parents where missing (mkdir -p):
+    tried for real, as os.access says yes to root where no file can be made (/proc). The try
+    leaves nothing behind: its file and the folders it made are removed."""
+    folder, made = folder.absolute(), []
+    try:
+        for step in [*reversed(folder.parents), folder]:
+            if not step.is_dir():
+                step.mkdir()
+                made.append(step)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".dsaops-write-check-"):
+            return True
+    except OSError:
+        return False
+    finally:
+        for step in reversed(made):
+            step.rmdir()
 
 
 def writable(flag: str, path: str) -> None:

@@ -250,14 +250,15 @@ def test_cli_compile_refuses_bad_targets(capsys, target, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("where", ["file", "under a file"])
+# /proc takes no new file or folder, even from root, to whom os.access says yes; /proc/self exists
+@pytest.mark.parametrize("where", ["file", "under a file", "/proc/dsaops-tilelang", "/proc/self"])
 def test_cli_compile_refuses_a_cache_dir_it_cannot_write_before_compiling(tmp_path, capsys, monkeypatch, where):
     from dsaops.kernels import cli
 
     monkeypatch.setattr(cli, "build", lambda *a, **k: pytest.fail("compiled despite a bad --cache-dir"))
     afile = tmp_path / "afile"
     afile.write_text("")
-    cache = afile if where == "file" else afile / "tilelang"
+    cache = {"file": afile, "under a file": afile / "tilelang"}.get(where, where)
     assert dsaops_main(["kernels", "compile", "--target", "sm_90", "--cache-dir", str(cache), "--jobs", "1"]) == 2
     err = capsys.readouterr().err
     assert err == f"dsaops kernels: --cache-dir {cache} is not a folder you may write to or create; give one that is\n"

@@ -154,6 +154,7 @@ def test_if_stale_does_nothing_for_a_current_verdict(fake_nvidia_smi, capsys):
     (["--batch-sizes", "1_000"], "--batch-sizes takes comma-separated whole numbers, e.g. 1,16,64; got '1_000'"),
     (["--out", "{tmp}"], "is a folder; give the verdict file's path, e.g. {tmp}/decode-verdict.json"),
     (["--out", "{tmp}/afile/verdict.json"], "cannot write in {tmp}/afile; give a file in a folder"),
+    (["--out", "/proc/dsaops/verdict.json"], "cannot write in /proc/dsaops; give a file in a folder"),  # even as root
 ])
 def test_refusals_are_one_line(capsys, tmp_path, args, message):
     """Bad arguments are refused before the GPU check (no GPU here), so a run never measures and then fails."""
