@@ -6,6 +6,7 @@ can be made, before a long run starts, and the write of its result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -98,14 +99,15 @@ def can_write_in(folder: Path) -> bool:
         return False
     finally:
         for step in reversed(made):
-            step.rmdir()
+            with contextlib.suppress(OSError):  # another process wrote into it meanwhile: leave it
+                step.rmdir()
 
 
 def writable(flag: str, path: str) -> None:
     """Checked before a run, so that a run's result is not lost to an unwritable output path; `write`
     replaces the file, so a folder, device or pipe there (/dev/stdout) is refused too."""
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (os.path.lexists(path)
+    if not os.path.isdir(folder) or not can_write_in(Path(folder)) or (os.path.lexists(path)
                                                                       and not os.path.isfile(path)):
         raise UserError(f"{flag} {path}: cannot write there; give a file in a folder you may write to")
 
