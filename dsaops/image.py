@@ -342,7 +342,8 @@ def add_parser(sub) -> None:
                        help="standin: build on the stand-in base `dsaops image base` makes (no registry, no network)")
         if action == "build":
             a.add_argument("--sglang-wheel", type=Path,
-                           help="use this SGLang wheel (the pinned version, for the image's Python) instead of downloading one")
+                           help="use this SGLang wheel (the pinned version, for the image's Python) instead of "
+                                "downloading one; not where the base carries SGLang (gfx942)")
         a.set_defaults(func=run)
 
 
@@ -376,10 +377,12 @@ def run(args) -> int:
         print(render(p))
         return 0
     # checked before the stand-in base or the context is made: pip in the engine stage finds it out only minutes in
-    wheel = None
-    if args.sglang_wheel and not p.target.base_carries_sglang:
-        wheel = check_sglang_wheel(args.sglang_wheel, p.target, p.build_args["SGLANG_VERSION"],
-                                   own_base="BASE_IMAGE" in given)
+    wheel = args.sglang_wheel
+    if wheel and p.target.base_carries_sglang:
+        raise UserError(f"--sglang-wheel {wheel}: {p.target.name}'s base {p.build_args['BASE_IMAGE']} carries SGLang "
+                        "and the image uses that one, installing no wheel; leave --sglang-wheel out")
+    if wheel:
+        wheel = check_sglang_wheel(wheel, p.target, p.build_args["SGLANG_VERSION"], own_base="BASE_IMAGE" in given)
     if standin:
         image_base.ensure(p.target)
     return build(p, sglang_wheel=wheel)

@@ -32,11 +32,11 @@ def test_a_wheel_the_image_installs_is_taken(tmp_path, filename):
     assert dsaops.image.check_sglang_wheel(wheel, targets.get("sm_90"), PIN) == wheel
 
 
-def refused(tmp_path, monkeypatch, capsys, wheel, *extra):
+def refused(tmp_path, monkeypatch, capsys, wheel, *extra, arch="sm_90"):
     """`dsaops image build --sglang-wheel wheel`: its exit status and one-line message; nothing staged."""
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")   # a build that got past the check fails here
     context = tmp_path / "context"
-    rc = main(["image", "build", "--arch", "sm_90", "--context", str(context), "--sglang-wheel", str(wheel), *extra])
+    rc = main(["image", "build", "--arch", arch, "--context", str(context), "--sglang-wheel", str(wheel), *extra])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"dsaops image: --sglang-wheel {wheel}") and err.count("\n") == 1, err
     assert "no Docker engine" not in err and not context.exists()
@@ -93,3 +93,11 @@ def test_on_a_base_of_ones_own_only_the_platform_is_checked(tmp_path, monkeypatc
     arm = make_wheel(tmp_path, f"sglang-{PIN}-cp311-cp311-manylinux_2_34_aarch64.whl")
     err = refused(tmp_path, monkeypatch, capsys, arm, "--build-arg", "BASE_IMAGE=my/base:bookworm")
     assert "do not install on the base's CPython on x86_64" in err, err
+
+
+@pytest.mark.parametrize("extra", [(), ("--base", "standin")])
+def test_a_base_that_carries_sglang_takes_no_wheel(tmp_path, monkeypatch, capsys, extra):
+    """gfx942's image keeps the SGLang its base carries: a wheel given for it is refused, not left unused."""
+    wheel = make_wheel(tmp_path, f"sglang-{PIN}-cp311-cp311-manylinux_2_34_x86_64.whl")
+    err = refused(tmp_path, monkeypatch, capsys, wheel, *extra, arch="gfx942")
+    assert "carries SGLang" in err and "leave --sglang-wheel out" in err, err
