@@ -123,13 +123,13 @@ def main(argv=None) -> int:
         print(f"bench_kv_copy: --rows {args.rows}: give a whole number from 1 to {POOL_ROWS} (the pool's rows)",
               file=sys.stderr)
         return 2
+    from benchmarks.run_info import cuda_torch  # run as a file, the repository joins sys.path only in __main__
+    from dsaops.errors import UserError
+
     try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        print(f"bench_kv_copy: {'no torch' if torch is None else 'no CUDA GPU'} here; run it on a CUDA GPU host",
-              file=sys.stderr)
+        torch = cuda_torch()
+    except UserError as e:
+        print(f"bench_kv_copy: {e}", file=sys.stderr)
         return 2
     results = run(rows=args.rows, sweep=not args.no_sweep)
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": results}, indent=1))

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.run_info import gpu_machine, run_info
+from benchmarks.run_info import cuda_torch, gpu_machine, run_info
 from dsaops.cli_args import writable, write
 from dsaops.errors import UserError
 
@@ -68,13 +68,14 @@ def preflight(args) -> None:
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: give a whole number from 1")
     writable("--out", args.out)
-    try:
-        import torch
-    except ImportError:
-        raise UserError("torch is not importable: run this with a Python that has torch (CONTRIBUTING.md)") from None
-    if args.kernels and not torch.cuda.is_available():
-        raise UserError("--kernels runs the GPU kernels and torch sees no CUDA GPU here: run it on an H100/H200 "
-                        "host (CONTRIBUTING.md), or leave --kernels out for the fp32 references")
+    if args.kernels:
+        cuda_torch("leave --kernels out for the fp32 references")
+    else:
+        try:
+            import torch  # noqa: F401 - the fp32 references run on it
+        except ImportError:
+            raise UserError("torch is not importable: run this with a Python that has torch "
+                            "(CONTRIBUTING.md)") from None
 
 
 def main(argv=None) -> int:

@@ -73,7 +73,7 @@ from dsaops.kernels.route import HEADS_MOST
 from dsaops.kernels.selftest import BATCH_MOST
 
 from benchmarks.report import D_V, DECODE_TARGETS, roofline_terms, sweep_plot
-from benchmarks.run_info import gpu_machine, run_info
+from benchmarks.run_info import cuda_torch, gpu_machine, run_info
 from dsaops.cli_args import digits, writable
 from dsaops.errors import UserError
 
@@ -667,10 +667,7 @@ def preflight(args):
         raise UserError("the sweep section plots with matplotlib, which is not importable: install it or --skip sweep")
     if args.dry_run:
         return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UserError("no CUDA GPU here: run this on an H200 host (make bench), or pass --dry-run")
+    torch = cuda_torch("pass --dry-run")
     major, minor = torch.cuda.get_device_capability()
     if major != 9:
         raise UserError(f"this benchmark times dsaops' sm_90 kernels; this GPU is sm_{major}{minor}")

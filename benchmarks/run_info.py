@@ -1,4 +1,5 @@
-"""What every benchmark JSON says about its run: the date, the commit, the machine and the command.
+"""What every benchmark JSON says about its run: the date, the commit, the machine and the command;
+and the one line a GPU benchmark stops with where there is no CUDA GPU (cuda_torch).
 
     from benchmarks.run_info import run_info   # scripts run with the repository on sys.path (PYTHONPATH=.)
     result = {**run_info("make bench-exporter"), ...}
@@ -12,7 +13,10 @@ import datetime
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
+
+from dsaops.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # Files a benchmark run rewrites itself; a change to them does not make the measured code dirty.
@@ -38,6 +42,24 @@ def cpu_machine() -> str:
     """The CPU machine in a line: architecture, cores, Python, load average when the run started."""
     return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"load average {os.getloadavg()[0]:.1f} at the start")
+
+
+def no_cuda_gpu(torch_found: bool, alternative: str = "") -> str:
+    """What a GPU benchmark says where this Python has no torch or sees no GPU (make's gpu-check says the
+    same); `alternative`: what the script can do without one, e.g. "pass --dry-run"."""
+    return (f"needs a CUDA GPU, and {sys.executable} {'sees no GPU' if torch_found else 'finds no torch'}: "
+            f"run it on an H100/H200 host (CONTRIBUTING.md){f', or {alternative}' if alternative else ''}")
+
+
+def cuda_torch(alternative: str = ""):
+    """torch, where it sees a CUDA GPU; else a UserError saying no_cuda_gpu's line."""
+    try:
+        import torch
+    except ImportError:
+        raise UserError(no_cuda_gpu(False, alternative)) from None
+    if not torch.cuda.is_available():
+        raise UserError(no_cuda_gpu(True, alternative))
+    return torch
 
 
 def gpu_machine() -> str:

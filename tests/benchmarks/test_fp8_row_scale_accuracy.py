@@ -37,16 +37,6 @@ def test_bad_input_is_one_line_and_exit_2_before_the_run(tmp_path, capsys, draws
     assert draws == [] and not out.exists()
 
 
-def test_kernels_without_a_gpu_say_so_in_one_line(tmp_path, capsys, draws):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is here")
-    assert study.main(["--kernels", "--out", str(tmp_path / "r.json")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--kernels runs the GPU kernels and torch sees no CUDA GPU here" in err, err
-    assert draws == [] and not (tmp_path / "r.json").exists()
-
-
 def test_without_torch_it_says_so_in_one_line(tmp_path):
     (tmp_path / "torch.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
     done = subprocess.run([sys.executable, str(_path), "--out", str(tmp_path / "r.json")], capture_output=True,
