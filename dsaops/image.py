@@ -48,6 +48,11 @@ class Plan:
     commands: list[list[str]]
     notes: list[str]
 
+    @property
+    def base_carries_sglang(self) -> bool:
+        """The target's fact, or the --build-arg that overrides it: whether the build stages a wheel."""
+        return self.build_args["BASE_CARRIES_SGLANG"] == "true"
+
 
 def _git(*args: str) -> str:
     try:
@@ -135,6 +140,9 @@ def plan(name: str, *, tag: str = "", registry: str = "", push: bool = False, bu
     image = image_name(target.name, registry=registry, tag=tag)
     context = Path(context or IMAGES / "context")
     args = build_args(target, extra_args)
+    if target.base_carries_sglang and args["BASE_CARRIES_SGLANG"] == "false":
+        raise UserError(f"--build-arg BASE_CARRIES_SGLANG=false: {target.name}'s image runs the SGLang its base "
+                        "carries, and the targets table names no Python to pick a wheel for; leave it out")
     builder = detect_builder() if builder == "auto" else builder
 
     # The Dockerfile bind-mounts the wheels (RUN --mount), which needs BuildKit: Docker 20.10's own
@@ -180,7 +188,7 @@ def shell_lines(cmd: list[str]) -> str:
 
 def render(p: Plan) -> str:
     t = p.target
-    sglang = "empty: the base carries SGLang" if t.base_carries_sglang else \
+    sglang = "empty: the base carries SGLang" if p.base_carries_sglang else \
         f"the sglang cp{t.image_python.replace('.', '')} {build_host.machine_of(t.platform)} wheel"
     lines = [
         f"# dsaops image plan: {t.name} ({t.description})",
@@ -366,6 +374,8 @@ def _parse_build_args(pairs: list[str]) -> dict[str, str]:
                         f"check the spelling (it takes {', '.join(dockerfile_args())})")
     if given.get("SGLANG_DEPS", "pypi") not in ("pypi", "none"):
         raise UserError(f"--build-arg SGLANG_DEPS takes pypi or none, not {given['SGLANG_DEPS']!r}")
+    if given.get("BASE_CARRIES_SGLANG", "false") not in ("true", "false"):
+        raise UserError(f"--build-arg BASE_CARRIES_SGLANG takes true or false, not {given['BASE_CARRIES_SGLANG']!r}")
     return given
 
 
@@ -378,7 +388,7 @@ def run(args) -> int:
         return 0
     # checked before the stand-in base or the context is made: pip in the engine stage finds it out only minutes in
     wheel = args.sglang_wheel
-    if wheel and p.target.base_carries_sglang:
+    if wheel and p.base_carries_sglang:
         raise UserError(f"--sglang-wheel {wheel}: {p.target.name}'s base {p.build_args['BASE_IMAGE']} carries SGLang "
                         "and the image uses that one, installing no wheel; leave --sglang-wheel out")
     if wheel:
@@ -399,7 +409,7 @@ def build(p: Plan, *, sglang_wheel: Path | None = None) -> int:
     for note in p.notes:
         print(f"dsaops image: note: {note}", file=sys.stderr)
     wheel = None
-    if not p.target.base_carries_sglang:
+    if not p.base_carries_sglang:
         wheel = sglang_wheel or sglang_wheel_for(p.target, p.build_args["SGLANG_VERSION"])
     stage_context(p.context, wheel)
     for cmd in p.commands:

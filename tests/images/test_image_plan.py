@@ -160,6 +160,8 @@ def test_a_build_arg_without_a_name_is_refused(bad, capsys):
     ("SGLANG_DEP=none", ("--build-arg SGLANG_DEP: images/Dockerfile takes no such argument; check the spelling (it "
                          "takes BASE_IMAGE, BASE_CARRIES_SGLANG, SYSTEM_PACKAGES, SGLANG_VERSION, SGLANG_DEPS, ")),
     ("SGLANG_DEPS=pip", "--build-arg SGLANG_DEPS takes pypi or none, not 'pip'"),
+    # the Dockerfile tests for "true" alone, so "yes" would build with a wheel the host never staged
+    ("BASE_CARRIES_SGLANG=yes", "--build-arg BASE_CARRIES_SGLANG takes true or false, not 'yes'"),
 ])
 def test_a_build_arg_the_dockerfile_cannot_use_is_refused_before_building(tmp_path, arg, message):
     """Docker would only warn about the misspelt name, and reject the bad value after building a stage."""

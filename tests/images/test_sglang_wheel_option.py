@@ -101,3 +101,25 @@ def test_a_base_that_carries_sglang_takes_no_wheel(tmp_path, monkeypatch, capsys
     wheel = make_wheel(tmp_path, f"sglang-{PIN}-cp311-cp311-manylinux_2_34_x86_64.whl")
     err = refused(tmp_path, monkeypatch, capsys, wheel, *extra, arch="gfx942")
     assert "carries SGLang" in err and "leave --sglang-wheel out" in err, err
+
+
+def test_a_base_said_to_carry_sglang_takes_no_wheel(tmp_path, monkeypatch, capsys):
+    """--build-arg BASE_CARRIES_SGLANG=true on sm_90: the build stages no wheel, so one given is refused."""
+    wheel = make_wheel(tmp_path, RIGHT)
+    err = refused(tmp_path, monkeypatch, capsys, wheel, "--build-arg", "BASE_IMAGE=my/sglang:cuda",
+                  "--build-arg", "BASE_CARRIES_SGLANG=true")
+    assert "carries SGLang" in err and "leave --sglang-wheel out" in err, err
+
+
+def test_the_build_arg_decides_whether_a_wheel_is_staged(capsys):
+    """The plan (and the build that stages the context) follows BASE_CARRIES_SGLANG as given, not the table's default."""
+    assert main(["image", "plan", "--arch", "sm_90", "--build-arg", "BASE_CARRIES_SGLANG=true"]) == 0
+    assert "sglang/ (empty: the base carries SGLang)" in capsys.readouterr().out
+
+
+def test_gfx942_keeps_its_bases_sglang(capsys):
+    """The table knows no Python for gfx942's base, so no wheel could be picked for it."""
+    assert main(["image", "plan", "--arch", "gfx942", "--build-arg", "BASE_CARRIES_SGLANG=false"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dsaops image: --build-arg BASE_CARRIES_SGLANG=false: gfx942's image runs the SGLang")
+    assert err.count("\n") == 1, err
