@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 
+from dsaops.healthchecks.logparse import bounded
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
 
@@ -67,7 +68,7 @@ class Containers:
 
     @staticmethod
     def _parse(saved: dict) -> dict:
-        return {str(name): {"id": str(s["id"]), "count": int(s["count"]), "base": int(s["base"])}
+        return {str(name): {"id": str(s["id"]), "count": bounded(s["count"]), "base": bounded(s["base"])}
                 for name, s in saved.items()}
 
     def check(self, saved: dict) -> None:

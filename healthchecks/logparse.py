@@ -18,6 +18,7 @@ from datetime import datetime
 from dsaops.healthchecks import decode_kernel
 
 GIB = 1 << 30  # SGLang's "GB" (memory_pool.py: GB = 1024 * 1024 * 1024)
+MAX_COUNT = 1 << 40  # token counts, requests, slots, GiB, deaths: anything larger is garbage
 
 # Literal pieces of the wheel's format strings, by the file that holds them.
 FORMAT_STRINGS = {
@@ -66,6 +67,15 @@ def cause_of_exit_code(code: int) -> str:
     return "exit_code"
 
 
+def bounded(value, kind=int, high=MAX_COUNT):
+    """`kind(value)`, ValueError outside 0..high (NaN and inf included): a larger number kept
+    would fail every later scrape of the collector that exports it (float() overflows)."""
+    v = kind(value)
+    if not 0 <= v <= high:
+        raise ValueError(f"{value!r} is out of range")
+    return v
+
+
 def rank_label(parts: list[str]) -> str:
     """`['DP3', 'TP3', 'EP3']` -> `DP3_TP3_EP3`; no parts (one rank, no DP) -> `TP0`,
     the same spelling the process title gives (`sglang::scheduler_DP3_TP3_EP3`)."""
@@ -98,17 +108,17 @@ class LogState:
 
     @staticmethod
     def _parse(saved: dict) -> dict:
-        return {"kv": {str(r): (str(d), int(n), float(b)) for r, (d, n, b) in saved["kv"].items()},
-                "mamba_slots": {str(r): int(n) for r, n in saved["mamba_slots"].items()},
-                "mamba_cap": {str(r): (int(c), int(s), int(k)) for r, (c, s, k) in saved["mamba_cap"].items()},
-                "reduced": {str(r): (int(a), int(b)) for r, (a, b) in saved["reduced"].items()},
+        return {"kv": {str(r): (str(d), bounded(n), bounded(b, float, MAX_COUNT * GIB)) for r, (d, n, b) in saved["kv"].items()},
+                "mamba_slots": {str(r): bounded(n) for r, n in saved["mamba_slots"].items()},
+                "mamba_cap": {str(r): (bounded(c), bounded(s), bounded(k)) for r, (c, s, k) in saved["mamba_cap"].items()},
+                "reduced": {str(r): (bounded(a), bounded(b)) for r, (a, b) in saved["reduced"].items()},
                 # a state file written before the decode series existed has none
                 "decode_kernel": {str(r): (str(k), str(why), int(b))
                                   for r, (k, why, b) in saved.get("decode_kernel", {}).items()},
                 "exits": OrderedDict((int(pid), (int(code), float(when), bool(crashed)))
                                      for pid, code, when, crashed in saved["exits"]),
                 "shutdowns": [float(t) for t in saved["shutdowns"]][-8:],
-                "events": {k: int(v) for k, v in saved["events"].items()},
+                "events": {k: bounded(v) for k, v in saved["events"].items()},
                 "position": None if saved["position"] is None else {
                     k: (str if k == "head_sha256" else int)(saved["position"][k])
                     for k in ("dev", "ino", "offset", "head_len", "head_sha256")}}
@@ -154,18 +164,18 @@ class LogState:
     def _apply(self, rank: str, when: float, msg: str) -> None:
         if "is allocated" in msg:  # the unlabelled pool only: "SWA KV Cache …" and friends are side pools
             if m := _KV_ALLOC.match(msg):  # one KV size, or K and V sizes
-                size = float(m[3]) if m[3] is not None else float(m[4]) + float(m[5])
-                pool, last = (m[1], int(m[2]), size * GIB), self.kv.get(rank)
+                size = bounded(m[3], float) if m[3] is not None else bounded(m[4], float) + bounded(m[5], float)
+                pool, last = (m[1], bounded(m[2]), size * GIB), self.kv.get(rank)
                 # a speculative draft (MTP's layer) logs its pool next, sized by the target's
                 # memory_pool_config (kv_cache_configurator.configure): same dtype and tokens, fewer bytes
                 if last is None or pool[:2] != last[:2] or pool[2] >= last[2]:
                     self.kv[rank] = pool
             elif m := _MAMBA_ALLOC.match(msg):
-                self.mamba_slots[rank] = int(m[1])
+                self.mamba_slots[rank] = bounded(m[1])
         elif m := _MAMBA_CAP.match(msg):
-            self.mamba_cap[rank] = (int(m[1]), int(m[2]), int(m[3]))
+            self.mamba_cap[rank] = (bounded(m[1]), bounded(m[2]), bounded(m[3]))
         elif m := _REDUCED.match(msg):
-            self.reduced[rank] = (int(m[1]), int(m[2]))
+            self.reduced[rank] = (bounded(m[1]), bounded(m[2]))
         elif m := _CRASHED.match(msg):
             self._exit(int(m[2]), int(m[3]), when, crashed=True)
         elif m := _TERMINATED.match(msg):

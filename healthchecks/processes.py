@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 import psutil
 from dsaops.healthchecks.containers import Containers
-from dsaops.healthchecks.logparse import CAUSES, LogState, cause_of_exit_code, rank_label
+from dsaops.healthchecks.logparse import CAUSES, LogState, bounded, cause_of_exit_code, rank_label
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 from dsaops.healthchecks.oom import KernelOomRecords, cgroup_of, cgroup_oom_kills
@@ -398,9 +398,9 @@ class ProcessWatcher(BackgroundLoop):
                     raise TypeError(f"a saved rank's {name} is {value!r}")
             return proc, None if code is None else int(code)
 
-        return {"boot": str(saved["boot_id"]), "up": {str(r): int(v) for r, v in saved["up"].items()},
+        return {"boot": str(saved["boot_id"]), "up": {str(r): bounded(v) for r, v in saved["up"].items()},
                 "dead": {str(r) for r in saved["dead"]},
-                "deaths": {(str(r), str(c)): int(n) for r, c, n in saved["deaths"]},
+                "deaths": {(str(r), str(c)): bounded(n) for r, c, n in saved["deaths"]},
                 "settled": OrderedDict(((int(p), str(t)), None) for p, t in saved["settled"]),
                 "oom": {str(g): None if n is None else int(n) for g, n in saved["oom_kills"].items()},
                 "ranks": [sched(r) for r in [*saved["ranks"], *saved["vanished"]]]}

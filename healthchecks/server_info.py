@@ -20,7 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from dsaops.healthchecks.logparse import GIB, LogState
+from dsaops.healthchecks.logparse import GIB, MAX_COUNT, LogState
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts, Families
 
@@ -38,7 +38,6 @@ PATCH_MARKERS = PATCH_KEYS[:2]
 
 MAX_BYTES = 8 << 20   # 8 MiB: 256 DP ranks of every server argument fit several times over
 MAX_DP_RANKS = 1024
-MAX_COUNT = 1 << 40   # token counts, requests, slots: anything larger is garbage
 MAX_TEXT = 128        # dtype and backend names
 
 

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from dsaops.healthchecks.exporter import Config
 
+from benchmarks.sglang_standin import log_lines as L
 from tests.healthchecks.prometheus_text import exposition
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
@@ -209,3 +210,19 @@ def test_a_loop_whose_thread_ended_is_started_again_at_the_next_scrape(exporter)
     metrics(exporter)
     assert exporter.poller._thread.is_alive()
     assert exporter.errors.counts()["server_info"] >= 1
+
+
+def test_a_log_number_too_large_for_a_sample_costs_its_line_only(fake_server, exporter_on, tmp_path):
+    """Such a line was kept, then failed every scrape of the log's and /server_info's collectors
+    (float() overflows): the other ranks' pools and dsa_server_up were gone for good."""
+    huge = "9" * 400
+    log = tmp_path / "sglang.log"
+    log.write_text(L.line(L.kv_allocated(5, 1.0), ("TP0",))
+                   + L.line(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {huge}, KV size: 1.00 GB", ("TP1",))
+                   + L.line(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: 7, KV size: {huge}.0 GB", ("TP2",))
+                   + L.line(L.MAMBA_CAPPED.replace("%d", huge, 1) % (16, 2), ("TP0",)))
+    exp = exporter_on(Config(server_url=fake_server.url, node="h", interval=0.2, kmsg=None, log_file=str(log)))
+    assert exp.follower.caught_up.wait(5) and wait_for(lambda: metrics(exp)[1].get('dsa_server_up{node="h"}') == 1, 10)
+    out = metrics(exp)[1]
+    assert [k for k in out if k.startswith("dsa_kv_pool_tokens")] == ['dsa_kv_pool_tokens{node="h",rank="TP0"}']
+    assert exp.errors.counts()["log"] == 3 and exp.errors.counts()["server_info"] == 0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from dsaops.healthchecks.containers import Containers
 from dsaops.healthchecks.exporter import Config, Exporter
 from dsaops.healthchecks.logparse import LogState
 from dsaops.healthchecks.metrics import ErrorCounts
@@ -254,3 +255,28 @@ def test_sigterm_ends_the_exporter_with_its_state_saved(tmp_path, fake_server):
         proc.kill()
         proc.wait()
     assert json.loads(state.read_text())["log"]["kv"]["TP0"][1] == 4242
+
+
+HUGE = 10 ** 400  # valid JSON; no float holds it
+
+
+@pytest.mark.parametrize("part, change", [
+    ("processes", lambda s: s["processes"]["deaths"][0].__setitem__(2, HUGE)),
+    ("processes", lambda s: s["processes"]["up"].__setitem__("TP0", HUGE)),
+    ("log", lambda s: s["log"]["kv"].__setitem__("TP0", ["torch.bfloat16", HUGE, 1.0])),
+    ("log", lambda s: s["log"]["events"].__setitem__("sigquit", HUGE)),
+    ("containers", lambda s: s["containers"]["c"].__setitem__("base", HUGE)),
+], ids=["death-count", "up", "kv-tokens", "log-event", "container-restarts"])
+def test_a_saved_count_too_large_for_a_sample_sets_the_file_aside(tmp_path, part, change):
+    """Taken back, it failed every scrape of its collector: all that part's series were gone,
+    and the next write kept it."""
+    errors = ErrorCounts()
+    parts = {"processes": ProcessWatcher(errors), "log": LogState(), "containers": Containers(["c"], errors)}
+    path = tmp_path / "state.json"
+    _state_file(path, boot_id())
+    saved = json.loads(path.read_text())
+    saved["log"], saved["containers"] = LogState().to_json(), {"c": {"id": "x", "count": 1, "base": 0}}
+    change(saved)
+    path.write_text(json.dumps(saved))
+    assert not StateKeeper(str(path), errors, parts).restore()
+    assert errors.counts()["state"] == 1 and (tmp_path / "state.json.bad").exists()
