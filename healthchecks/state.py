@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 
 from dsaops.healthchecks.loop import BackgroundLoop
@@ -40,7 +41,10 @@ class StateKeeper(BackgroundLoop):
         """Take the file back into the parts; False (and nothing changed) when there is none or
         it is unusable."""
         try:
-            with open(self.path, "rb") as f:
+            # O_NONBLOCK: a FIFO at the path would wait for a writer, and the exporter with it
+            with open(self.path, "rb", opener=lambda path, flags: os.open(path, flags | os.O_NONBLOCK)) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise OSError("not a regular file")
                 raw = f.read(MAX_BYTES + 1)
         except FileNotFoundError:
             return False

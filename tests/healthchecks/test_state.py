@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from dsaops.healthchecks.containers import Containers
@@ -280,3 +281,21 @@ def test_a_saved_count_too_large_for_a_sample_sets_the_file_aside(tmp_path, part
     path.write_text(json.dumps(saved))
     assert not StateKeeper(str(path), errors, parts).restore()
     assert errors.counts()["state"] == 1 and (tmp_path / "state.json.bad").exists()
+
+
+def test_a_fifo_at_the_state_path_does_not_block_the_start(tmp_path):
+    """Opened plainly, a FIFO waited for a writer: the exporter never started its loops or answered."""
+    errors, log = ErrorCounts(), LogState()
+    path = tmp_path / "state.json"
+    os.mkfifo(path)
+    keeper = StateKeeper(str(path), errors, {"log": log})
+    restored = []
+    reader = threading.Thread(target=lambda: restored.append(keeper.restore()), daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # let the blocked open go, so the thread ends
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    assert restored == [False] and errors.counts()["state"] == 1
+    log.events["sigquit"] += 1
+    keeper.save()  # and the next write puts a file there
+    assert json.loads(path.read_text())["log"]["events"]["sigquit"] == 1
