@@ -6,27 +6,31 @@ HOST and PORT are DSAOPS_SERVER_HOST and DSAOPS_SERVER_PORT. It prints the port 
 SGLang (nothing when none does: the entrypoint then adds `--port PORT`), or exits 2 saying which
 setting to add. The arguments are read as SGLang reads them: its `--config` YAML's keys ahead of
 the command line (dsaops/sglang_config.py), and argparse's unique prefixes, so an argument of four
-characters or more that begins --host or --port counts as that option (--ho is --host).
+characters or more that begins --host or --port counts as that option (--ho is --host; --api, --api-key).
+SGLang bound beyond loopback with no `--api-key` is refused unless DSAOPS_ALLOW_NO_API_KEY=1: its
+routes would answer anyone who reaches it (the admin key alone guards the admin routes only).
 """
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
 
 from dsaops.cli_args import digits
 from dsaops.sglang_config import merged, unread_config
 
-OPTIONS = ("--host", "--port")
+# each with the shortest prefix SGLang's argparse takes for it alone (--ad... is --admin-api-key)
+OPTIONS = {"--host": 4, "--port": 4, "--api-key": 5}
 
 
 def _given(args: list[str]):
-    """(option, value, index of the option's argument) for each --host and --port, in order."""
+    """(option, value, index of the option's argument) for each of OPTIONS, in order."""
     want = None
     for at, arg in enumerate(args):
         if want:
             yield want, arg, at - 1
         name, eq, value = arg.partition("=")
-        option = next((flag for flag in OPTIONS if len(name) >= 4 and flag.startswith(name)), None)
+        option = next((flag for flag, least in OPTIONS.items() if len(name) >= least and flag.startswith(name)), None)
         want = None
         if eq and option:
             yield option, value, at
@@ -50,9 +54,20 @@ def _same_port(given: str, port: str) -> bool:
     return given == port or ((number := digits(given)) is not None and number == digits(port))
 
 
-def check(host: str, port: str, argv: list[str]) -> str | None:
-    """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port, or
-    would not read the --config file it was given (sglang_config.unread_config)."""
+def _loopback(bound: str | None) -> bool:
+    """Whether SGLang bound there answers this machine only (None: SGLang's default, 127.0.0.1)."""
+    if bound is None or bound == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bound).is_loopback
+    except ValueError:
+        return False
+
+
+def check(host: str, port: str, argv: list[str], allow_no_key: bool = False) -> str | None:
+    """The port argv gives SGLang, or None; ValueError when SGLang would not answer at host:port, would
+    not read the --config file it was given (sglang_config.unread_config), or would serve beyond
+    loopback with no API key and allow_no_key is False."""
     unread = unread_config(argv)
     if unread is not None:
         raise ValueError(f"SGLang reads its --config file only from `--config FILE`, spelled out and apart: {unread} "
@@ -73,12 +88,17 @@ def check(host: str, port: str, argv: list[str]) -> str | None:
         said, drop = named("--port")
         raise ValueError(f"{said} differs from DSAOPS_SERVER_PORT={port}, which the health check and the exporter"
                          f" use; run with -e DSAOPS_SERVER_PORT={given_port} (or drop {drop})")
-    bound = last.get("--host", ("",))[0]
-    if not _reaches(bound, host):
+    bound = last.get("--host", (None,))[0]
+    if not _reaches(bound or "", host):
         said, drop = named("--host")
         reach = f"[{bound}]" if ":" in bound else bound
         raise ValueError(f"{said} is not DSAOPS_SERVER_HOST={host}, where the health check and the exporter"
                          f" reach SGLang; run with -e DSAOPS_SERVER_HOST={reach} (or drop {drop})")
+    refused_config = "--config" in argv and launch.config is None   # SGLang stops at it, serving nothing
+    if not (allow_no_key or refused_config or _loopback(bound) or last.get("--api-key", ("",))[0]):
+        said = named("--host")[0]
+        raise ValueError(f"{said} serves beyond this machine with no API key: put `api-key: KEY` in SGLang's"
+                         " --config file, or run with -e DSAOPS_ALLOW_NO_API_KEY=1 to serve without one")
     return given_port
 
 
@@ -86,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     host, port, *rest = argv
     try:
-        given = check(host, port, rest[1:] if rest[:1] == ["--"] else rest)
+        given = check(host, port, rest[1:] if rest[:1] == ["--"] else rest,
+                      allow_no_key=os.environ.get("DSAOPS_ALLOW_NO_API_KEY") == "1")
     except ValueError as e:
         print(f"dsaops-entrypoint: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dsaops import server_address
 from tests.images.docker_build import REPO
 from tests.support import sglang_definitions
 from tests.support.polling import wait_for
@@ -119,12 +120,12 @@ def test_an_abbreviated_port_counts_as_the_port(tmp_path, flag):
 
 def test_the_abbreviations_read_are_those_sglang_reads():
     """The pinned SGLang parses with argparse's default abbreviations; a prefix the entrypoint reads as
-    --host or --port either means that option to SGLang or is one SGLang refuses as ambiguous."""
+    --host, --port or --api-key either means that option to SGLang or is one SGLang refuses as ambiguous."""
     source = sglang_definitions.source_file("srt/server_args.py").read_text()
     assert 'argparse.ArgumentParser(prog="sglang serve")' in source and "allow_abbrev" not in source
     flags = sglang_definitions.cli_flags()
-    for option in ("--host", "--port"):
-        for end in range(4, len(option) + 1):
+    for option, least in server_address.OPTIONS.items():
+        for end in range(least, len(option) + 1):
             sharing = {flag for flag in flags if flag.startswith(option[:end])}
             assert option in sharing, option
             assert sharing == {option} or option[:end] == "--po", sharing  # --po: --post-capture-kv-sizing too
@@ -146,7 +147,7 @@ def test_a_host_the_checks_do_not_reach_is_refused_before_anything_starts(tmp_pa
                                        ("FD00:0::5", {"DSAOPS_SERVER_HOST": "[fd00::5]"}),   # the playbooks' spelling
                                        ("0.0.0.0", {}), ("::", {})])
 def test_a_host_the_checks_reach_starts_the_server(tmp_path, host, env):
-    proc = start(tmp_path, "--model-path", "/m", "--host", host, STANDIN_EXIT="0", **env)
+    proc = start(tmp_path, "--model-path", "/m", "--host", host, STANDIN_EXIT="0", DSAOPS_ALLOW_NO_API_KEY="1", **env)
     assert proc.wait(timeout=30) == 0, proc.stderr.read()
     assert f"args=--model-path /m --host {host} --port 30000\n" in log_of(tmp_path)
 
@@ -169,7 +170,7 @@ def config_file(tmp_path: Path, text: str, name: str = "sglang.yaml") -> str:
 @pytest.mark.parametrize("text, env, drop", [
     ("api-key: k\nport: 8000\n", "DSAOPS_SERVER_PORT=8000", "port:"),
     ("por: 8000\n", "DSAOPS_SERVER_PORT=8000", "por:"),                # SGLang makes it --por: an abbreviation
-    ("host: 10.0.0.5\n", "DSAOPS_SERVER_HOST=10.0.0.5", "host:"),
+    ("api-key: k\nhost: 10.0.0.5\n", "DSAOPS_SERVER_HOST=10.0.0.5", "host:"),
 ])
 def test_the_config_files_host_and_port_are_checked_as_the_command_lines(tmp_path, text, env, drop):
     """SGLang reads its --config YAML's keys as options: a port there is SGLang's port (not one for the
@@ -188,7 +189,7 @@ def test_the_config_files_host_and_port_are_checked_as_the_command_lines(tmp_pat
 
 
 @pytest.mark.parametrize("text, flags", [("port: 8000\n", ["--port", "30000"]), ("port: 8000\n", ["--po=30000"]),
-                                         ("host: 10.0.0.5\n", ["--host", "0.0.0.0"])])
+                                         ("host: 10.0.0.5\napi-key: k\n", ["--host", "0.0.0.0"])])
 def test_the_command_line_wins_over_the_config_file(tmp_path, text, flags):
     """SGLang puts the file's options before the command line's, and argparse keeps the last."""
     path = config_file(tmp_path, text)
@@ -321,3 +322,39 @@ def test_a_stop_during_the_before_start_command_ends_it_and_starts_nothing(tmp_p
     finally:
         proc.kill()
     assert "standin pid=" not in log_of(tmp_path)
+
+
+@pytest.mark.parametrize("args, env", [
+    (["--host", "0.0.0.0"], {}),
+    (["--ho=::"], {}),
+    (["--host", "10.0.0.5"], {"DSAOPS_SERVER_HOST": "10.0.0.5"}),
+    (["--host", ""], {}),                                   # binds every address
+    (["--host", "0.0.0.0", "--api-key", ""], {}),           # SGLang takes an empty key for none
+    (["--config", "{}"], {"text": "host: 0.0.0.0\nadmin-api-key: a\n"}),   # the admin key guards admin routes only
+])
+def test_a_network_address_without_an_api_key_is_refused(tmp_path, args, env):
+    """SGLang without --api-key answers every route to anyone who reaches it: beyond loopback that takes
+    a key, or DSAOPS_ALLOW_NO_API_KEY=1."""
+    text = env.pop("text", "")
+    args = [arg.format(config_file(tmp_path, text)) for arg in args]
+    proc = start(tmp_path, "--model-path", "/m", *args, **env)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert "with no API key" in err and "DSAOPS_ALLOW_NO_API_KEY=1" in err and err.count("\n") == 1, err
+    assert log_of(tmp_path) == ""
+    proc = start(tmp_path, "--model-path", "/m", *args, STANDIN_EXIT="0", DSAOPS_ALLOW_NO_API_KEY="1", **env)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--host", "0.0.0.0", "--config", "{}"], "api-key: k\n"),
+    (["--config", "{}"], "host: '::'\napi-key: k\n"),
+    (["--host", "0.0.0.0", "--api", "k"], ""),               # argparse's abbreviation of --api-key
+    (["--host", "127.0.0.1"], ""),
+    (["--host", "0.0.0.0", "--config", "{}"], "port: [8000\n"),   # a file SGLang refuses: it stops there
+])
+def test_a_network_address_with_an_api_key_or_loopback_starts(tmp_path, args, text):
+    args = [arg.format(config_file(tmp_path, text)) for arg in args]
+    proc = start(tmp_path, "--model-path", "/m", *args, STANDIN_EXIT="0")
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert "standin pid=" in log_of(tmp_path)
