@@ -24,6 +24,9 @@ PREFILL_BACKENDS = ("flashmla_sparse", "flashmla_sparse_q8", "flashmla_kv", "fla
                     "triton_sparse_mla", "fa3", "tilelang", "triton", "aiter", "trtllm", "intel_xpu")
 DECODE_BACKENDS = tuple(b for b in PREFILL_BACKENDS if b != "triton_sparse_mla")
 _HIP_RAW_BACKENDS = ("tilelang", "triton", "aiter")
+# _dsa_split_backend_resolution (is_glm_sm12_fp8): this architecture's fp8 KV on SM12x (GB10) defaults to
+# flashinfer_sparse_mla on both sides, a scaled layout
+_GLM_SM12_FP8_ARCH = "GlmMoeDsaForCausalLM"
 
 
 class BackendRefused(ValueError):
@@ -56,10 +59,13 @@ def check_backend_names(prefill: str | None, decode: str | None) -> None:
             raise BackendRefused(f"{flag} {name!r} is not a DSA backend{hint}; SGLang takes {', '.join(known)}")
 
 
-def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, hip: bool, sm_major: int) -> Backends:
+def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, hip: bool, sm_major: int,
+                     architecture: str = "") -> Backends:
     """_dsa_split_backend_resolution's defaults for the sides the user left unset."""
     if hip:
         default_prefill = default_decode = "triton"
+    elif architecture == _GLM_SM12_FP8_ARCH and sm_major == 12 and kv_dtype == "fp8_e4m3":
+        default_prefill = default_decode = "flashinfer_sparse_mla"
     elif kv_dtype == "fp8_e4m3":
         default_prefill = default_decode = "trtllm" if sm_major >= 10 else "flashmla_kv"
     else:

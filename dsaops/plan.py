@@ -181,7 +181,8 @@ def make_plan(req: PlanRequest) -> Plan:
     except kv_layout.BackendRefused as e:
         raise UserError(str(e)) from None
     backends = kv_layout.resolve_backends(kv_dtype, req.dsa_prefill_backend, req.dsa_decode_backend, hip=hip,
-                                          sm_major=int(target.compute_capability.split(".")[0] or 0))
+                                          sm_major=int(target.compute_capability.split(".")[0] or 0),
+                                          architecture=model.architecture)
     nope_q8 = kv_layout.q8_raw_nope(backends, kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
     try:
         kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"), nope_q8=nope_q8)

@@ -114,6 +114,27 @@ def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
     assert refused > 0 or hip
 
 
+@pytest.mark.parametrize("arch", ["Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "DeepseekV32ForCausalLM"])
+def test_default_backends_match_dsa_split_backend_resolution(arch, monkeypatch):
+    """The backends SGLang picks for the sides left unset, per architecture, SM major and KV dtype
+    (GLM-5 fp8 on SM12x gets flashinfer_sparse_mla, a scaled layout)."""
+    ov = "srt/arg_groups/overrides.py"
+    fake_modules(monkeypatch, {"sglang.srt.configs.model_config": {"is_deepseek_dsa": lambda c: True}})
+    ns = {"logger": logging.getLogger("sglang-lifted"), "_DEEPSEEK_FAMILY_ARCHS": value(ov, "_DEEPSEEK_FAMILY_ARCHS"),
+          "_check_dsa_backend_constraints": lambda *a, **k: None,   # refusals: test_refusals_match_...
+          "model_config_of": lambda view: NS(hf_config=NS(architectures=[arch])),
+          "get_platform": lambda: NS(is_npu=False, is_xpu=False, is_hip=False)}
+    pick = define(ov, "_dsa_split_backend_resolution", ns)
+    for major, kv, (prefill, decode) in itertools.product((9, 10, 12), ("bfloat16", "fp8_e4m3"),
+                                                          ((None, None), ("tilelang", None), (None, "tilelang"))):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, m=major: (m, 0))
+        view = NS(kv_cache_dtype=kv, dsa_prefill_backend=prefill, dsa_decode_backend=decode, enable_hisparse=False)
+        sglang = {"dsa_prefill_backend": prefill, "dsa_decode_backend": decode, **pick(view)}
+        ours = kv_layout.resolve_backends(kv_layout.normalize_kv_dtype(kv), prefill, decode, hip=False,
+                                          sm_major=major, architecture=arch)
+        assert (ours.prefill, ours.decode) == (sglang["dsa_prefill_backend"], sglang["dsa_decode_backend"]), (major, kv)
+
+
 def patched_check(root, monkeypatch):
     """_check_dsa_backend_constraints after the series, with the q8 predicate it imports."""
     q8 = define("srt/configs/model_config.py", "is_q8_raw_fp8_nope_layout", {}, root=root)
