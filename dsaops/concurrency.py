@@ -16,6 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BINDING_LIMITS = ("request", "dp_split", "kv", "mamba")
+# arg_groups/speculative_hook.py _handle_eagle_family: --max-running-requests when speculative
+# decoding (EAGLE, which MTP runs as) leaves it unset; per deployment like the flag
+SPEC_DEFAULT_RUNNING_REQUESTS = 48
 
 # kv_cache_configurator.py: MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO and friends
 _MAMBA_BASE_RATIO = 3

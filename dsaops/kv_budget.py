@@ -47,8 +47,6 @@ def mamba_pool(rest_gib: float, *, slot_bytes: int, attn_dp_size: int, slots_per
     """_handle_max_mamba_cache (no PP, no ReplaySSM, no fused draft state)."""
     spec_bytes = 0
     per_dp_requests = max(1, max_running_requests // attn_dp_size) if max_running_requests else None
-    if draft_tokens and not per_dp_requests:
-        raise NotEnoughMemory("speculative decoding sizes its mamba scratch from --max-running-requests: set it")
     if max_mamba_cache_size is not None:
         slots, source = max_mamba_cache_size // attn_dp_size, "--max-mamba-cache-size"
         if draft_tokens:

@@ -191,17 +191,20 @@ def make_plan(req: PlanRequest) -> Plan:
     layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8)
 
     pre_load, free, source, assumptions = _free_memory(req, target, model, par)
+    running = req.max_running_requests
+    if running is None and req.speculative_num_draft_tokens:
+        running = concurrency.SPEC_DEFAULT_RUNNING_REQUESTS
     slots_per_req = _mamba_slots_per_request(req)
     cell = model.kv_bytes_per_token(layout, with_draft=bool(req.speculative_num_draft_tokens))
     rest = kv_budget.rest_memory_gib(pre_load_free_gib=round(pre_load, 3), free_after_weights_gib=round(free, 3),
                                      mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal)
     try:
-        slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req)
+        slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req, running)
     except kv_budget.NotEnoughMemory as e:
         raise UserError(str(e)) from None
 
     context = req.context_length or model.context_length
-    conc = concurrency.resolve(requested=req.max_running_requests, attn_dp_size=par.attn_dp_size,
+    conc = concurrency.resolve(requested=running, attn_dp_size=par.attn_dp_size,
                                token_capacity=tokens, context_len=context,
                                max_mamba_cache_size=mamba.slots_per_dp if mamba else None,
                                mamba_slots=slots_per_req if mamba else None)
@@ -249,14 +252,16 @@ def make_plan(req: PlanRequest) -> Plan:
     )
 
 
-def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: int, slots_per_req: int):
-    """The mamba state pool first, then the KV pool from what is left (_profile_available_bytes)."""
+def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: int, slots_per_req: int,
+           running: int | None):
+    """The mamba state pool first, then the KV pool from what is left (_profile_available_bytes);
+    `running` is --max-running-requests as SGLang resolves it."""
     slot = model.mamba_slot_bytes(par.attn_tp_size, ssm_bytes=4 if req.mamba_ssm_dtype == "float32" else 2)
     mamba = None
     if model.linear_layers:
         mamba = kv_budget.mamba_pool(
             rest_gib, slot_bytes=slot["total"], attn_dp_size=par.attn_dp_size, slots_per_request=slots_per_req,
-            max_mamba_cache_size=req.max_mamba_cache_size, max_running_requests=req.max_running_requests,
+            max_mamba_cache_size=req.max_mamba_cache_size, max_running_requests=running,
             disable_radix_cache=req.disable_radix_cache,
             full_memory_ratio=req.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
             draft_tokens=req.speculative_num_draft_tokens)
@@ -340,6 +345,9 @@ def _warnings(req: PlanRequest, par: Parallel, conc, tokens, context, backends, 
         out.append(f"the mamba state cache caps each DP rank at {conc.mamba_cap} running requests "
                    f"(max_mamba_cache_size {mamba.slots_per_dp} // {slots_per_req} state slots per request; SGLang "
                    f"says so only in a WARNING log line): raise --max-mamba-cache-size or --mamba-full-memory-ratio{halve}")
+    if req.max_running_requests is None and conc.requested is not None:
+        out.append(f"no --max-running-requests: with speculative decoding SGLang sets {conc.requested} for the "
+                   "deployment; set --max-running-requests to choose")
     if conc.requested is None:
         out.append(f"no --max-running-requests: SGLang picks {conc.requested_per_dp} per DP rank from the pool and "
                    "context length; set --max-running-requests to choose")

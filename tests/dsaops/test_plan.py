@@ -215,7 +215,13 @@ def test_speculative_decoding_caps_two_streams_on_two_sparks(capsys):
     assert spec["kv_bytes_per_token"] == 7_084 + 5_632 // 11 + 132          # one NextN draft layer
     assert not any("--mamba-ssm-dtype bfloat16" in w for w in spec["warnings"])   # already bf16
     assert "--speculative-algorithm" in spec["sglang_args"] and any("DFLASH" in a for a in spec["assumptions"])
-    assert "--max-running-requests" in refused([*sparks, "--speculative-num-draft-tokens", "6"], capsys)
+    # SGLang sets --max-running-requests 48 for the deployment when speculative decoding leaves it unset
+    unset = plan([*sparks, "--speculative-num-draft-tokens", "6"], capsys)
+    at_48 = plan([*sparks, "--max-running-requests", "48", "--speculative-num-draft-tokens", "6"], capsys)
+    for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp", "max_running_requests_per_dp", "binding_limit"):
+        assert unset[key] == at_48[key], key
+    assert unset["max_running_requests_requested"] is None and "--max-running-requests" not in unset["sglang_args"]
+    assert any("48" in w and "speculative" in w for w in unset["warnings"])
 
 
 # Upstream's two-Spark validation (the sgl-project/sglang pull request "[DSA] Enable tilelang fp8_e4m3 KV cache on

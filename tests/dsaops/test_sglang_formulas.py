@@ -281,7 +281,7 @@ def test_mamba_pool_matches_handle_max_mamba_cache():
     checked = 0
     for rest, dp, size, draft, radix_off, running in grid:
         if draft and running is None:
-            continue   # SGLang asserts max_running_requests with speculative decoding; so does the plan
+            continue   # SGLang asserts max_running_requests with speculative decoding (its hook defaults it)
         schedule = NS(max_running_requests=running, max_mamba_cache_size=size, mamba_full_memory_ratio=0.9,
                       disable_overlap_schedule=False)
         ns["get_schedule"] = lambda s=schedule: s
@@ -314,6 +314,20 @@ def _our_mamba(rest, slot, dp, size, running, radix_off, draft):
                                 max_mamba_cache_size=size,
                                 max_running_requests=running, disable_radix_cache=radix_off, full_memory_ratio=0.9,
                                 draft_tokens=draft)
+
+
+def test_speculative_running_requests_default_is_handle_eagle_familys():
+    """MTP runs as EAGLE: with --max-running-requests unset, _handle_eagle_family declares the plan's default."""
+    import ast
+
+    from tests.support.sglang_definitions import source_file
+
+    fn = next(n for n in ast.walk(ast.parse(source_file("srt/arg_groups/speculative_hook.py").read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "_handle_eagle_family")
+    declared = [ast.literal_eval(k.value) for n in ast.walk(fn) if isinstance(n, ast.Call)
+                and getattr(n.func, "id", "") == "declare_resolution" for k in n.keywords
+                if k.arg == "max_running_requests"]
+    assert declared == [concurrency.SPEC_DEFAULT_RUNNING_REQUESTS]
 
 
 def test_activation_estimate_is_handle_gpu_memory_settings():
