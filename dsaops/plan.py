@@ -20,7 +20,9 @@ from dsaops.cli_args import whole_up_to
 from dsaops.errors import UserError
 
 DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE draft: their KV and the mamba "
-              "scratch per draft token); a DFLASH drafter's own KV is not counted")
+              "scratch per draft token); a DFLASH drafter's own KV is not counted; SGLang loads the draft's "
+              "weights before it sizes the pools, so --free-memory-gib is the `avail mem=` of the draft's "
+              "`Load weight end` line, the later one, and --weights-gib counts the draft's weights too")
 
 
 def add_parser(sub) -> None:
@@ -45,7 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--mem-fraction-static", type=float, required=True)
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU (GB10: what the GPU may use)")
     p.add_argument("--free-memory-gib", type=float, help="free memory per GPU after weights: the `avail mem=` "
-                   "of SGLang's `Load weight end` log line, the smallest across ranks (most exact)")
+                   "of SGLang's last `Load weight end` log line (the draft's with speculative decoding), the smallest "
+                   "across ranks (most exact)")
     p.add_argument("--weights-gib", type=float, help="checkpoint size, all ranks together (default: the preset's)")
     p.add_argument("--context-length", type=count)
     p.add_argument("--max-running-requests", type=count)
