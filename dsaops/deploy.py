@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dsaops.errors import UserError
-from dsaops.inventory_checks import SECRET_VARIABLES, refusals
+from dsaops.inventory_checks import SECRET_VARIABLES, refusal, refusals
 from dsaops.plan_input import JSON_MOST_BYTES, read_text
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
@@ -205,10 +205,10 @@ def deploy(inventory: str, *, check: bool = False, print_commands: bool = False,
         raise UserError(f"the playbooks are not here ({PLAYBOOKS}); run dsaops deploy from a dsaops source checkout")
     if print_commands and (check or tags):
         raise UserError("--print-commands renders commands only; drop --check/--tags")
-    token = os.environ.get("HF_TOKEN", "")
-    if not token.isprintable() or " " in token:
-        raise UserError("HF_TOKEN in the environment holds a newline, space or other unprintable character; "
-                        "give the Hugging Face token alone")
+    # the weights and sglang_server roles check it only when they start, after other roles changed the nodes
+    if refusal("weights_hf_token", os.environ.get("HF_TOKEN", "")):
+        raise UserError("HF_TOKEN in the environment holds a newline, space or a character other than printable "
+                        "ASCII; give the Hugging Face token alone")
     passed: list[str] = []
     overrides: dict | None = {}
     for extra in extra_vars:

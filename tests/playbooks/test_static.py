@@ -19,6 +19,7 @@ import yaml
 from dsaops import pins, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
+from dsaops.inventory_checks import refusal
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, recap
 from tests.support.sglang_definitions import cli_flags
@@ -467,10 +468,14 @@ def test_an_unclosed_quote_in_extra_vars_is_one_line_that_hides_the_value():
     assert result.stderr.count("\n") == 1 and "hf_abc" not in result.stderr
 
 
-def test_an_hf_token_with_a_newline_is_refused():
-    result = print_commands("h20-8gpu", env={"HF_TOKEN": "hf_abc\nEVIL=1"})
+@pytest.mark.parametrize("token", ["hf_abc\nEVIL=1", "\u201chf_abc\u201d", "hf_abc\u00e9"])
+def test_an_hf_token_the_roles_refuse_is_refused_before_ansible_runs(token):
+    """As the weights and sglang_server roles refuse it (the token rule: printable ASCII, no space); they
+    check it only when they start, after host_memory and network changed the nodes."""
+    assert refusal("weights_hf_token", token) is not None
+    result = print_commands("h20-8gpu", env={"HF_TOKEN": token})
     assert result.returncode == 2 and "HF_TOKEN in the environment holds a newline" in result.stderr
-    assert "hf_abc" not in result.stderr
+    assert "hf_abc" not in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_deploy_refuses_what_the_playbook_refuses_in_one_line_before_ansible_runs(tmp_path):
