@@ -7,6 +7,8 @@ leaves /health and /metrics open, so health checks need no key.
 """
 from __future__ import annotations
 
+import os
+
 from dsaops.errors import UserError
 
 KEY_MOST_CHARS = 4096   # a key is tens of characters; reading stops here (/dev/zero, a wrong file)
@@ -18,7 +20,9 @@ def read(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8") as f:
+        # opening a pipe without a writer waits for one; opened non-blocking it reads as empty
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), encoding="utf-8") as f:
+            os.set_blocking(f.fileno(), True)
             key = f.read(KEY_MOST_CHARS + 1)
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
@@ -31,6 +35,9 @@ def read(path: str | None) -> str | None:
         raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")
     if any(c.isspace() for c in key):
         raise UserError(f"--api-key-file {path}: holds more than the key; write the server's API key alone on one line")
+    if not key.isascii() or not key.isprintable():    # an HTTP header carries no more; the playbooks' keys are ASCII
+        raise UserError(f"--api-key-file {path} holds a character other than printable ASCII: write the server's "
+                        "API key alone")
     return key
 
 

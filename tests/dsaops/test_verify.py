@@ -138,6 +138,28 @@ def test_a_key_file_past_any_key_is_refused_before_any_probe(server, capsys, tmp
                    "the server's API key alone\n") and srv.prompts == []
 
 
+@pytest.mark.timeout(10)
+def test_a_key_fifo_without_a_writer_is_refused_instead_of_waiting(server, capsys, tmp_path):
+    """Opening it waited for a writer that never came: the command hung before any probe."""
+    url, srv = server()
+    path = tmp_path / "api-key"
+    os.mkfifo(path)
+    assert main(["verify", "--server-url", url, "--api-key-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dsaops verify: --api-key-file {path} is empty: write the server's API key in it\n" and srv.prompts == []
+
+
+def test_a_key_that_no_header_carries_is_refused_before_any_probe(server, capsys, tmp_path):
+    """A key beyond printable ASCII went out to every probe, each failing as a 'bad URL' (exit 1)."""
+    url, srv = server()
+    path = tmp_path / "api-key"
+    path.write_text("\u201ck3y-from-the-inventory-secrets\u201d\n")
+    assert main(["verify", "--server-url", url, "--api-key-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"dsaops verify: --api-key-file {path} holds a character other than printable ASCII: write the "
+                   "server's API key alone\n") and srv.prompts == []
+
+
 def test_wrong_answers_fail_and_only_those(server, capsys):
     def behave(prompt):
         if prompt == "2+3等于几?只回答数字。":
