@@ -93,6 +93,11 @@ def _refused_flag(argument: str) -> bool:
     return len(name) > 2 and name.startswith("--") and any(flag.startswith(name) for flag in _REFUSED_FLAGS)
 
 
+def _sets_a_key(value) -> bool:
+    """Whether extra args name a refused flag: the value beside it may be a key, so the refusal shows none."""
+    return isinstance(value, list) and any(isinstance(a, str) and _refused_flag(a) for a in value)
+
+
 def _env(value) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and ENV_NAME.fullmatch(k) and _no_control(str(v)) for k, v in value.items())
@@ -133,7 +138,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "token": (_match(_SECRET), "printable characters without spaces or newlines"),
     "size": (_match(_SIZE), "a size such as 32g"),
     "duration": (_match(_DURATION), "a Prometheus duration such as 5s"),
-    "args": (lambda v: _list_of(_no_control)(v) and not any(_refused_flag(a) for a in v),
+    "args": (lambda v: _list_of(_no_control)(v) and not _sets_a_key(v),
              ("a list of strings without newlines or other control characters, and without --api-key, "
               "--admin-api-key, --config or an abbreviation of them (set dsaops_api_key / dsaops_admin_api_key: "
               "they stay off the command line)")),
@@ -223,7 +228,7 @@ def refusal(name: str, value) -> str | None:
     check, allowed = KINDS[kind]
     if check(value):
         return None
-    if kind in _SECRETS:
+    if kind in _SECRETS or (kind == "args" and _sets_a_key(value)):
         return f"{name} (not shown) is refused: it must be {allowed}."
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     return f"{name}={shown} is refused: it must be {allowed}."

@@ -131,8 +131,15 @@ def test_the_exporter_cannot_listen_on_ipv6_which_is_why_the_rule_refuses_it():
 def test_extra_args_may_not_set_a_key_or_a_config_file_by_any_spelling(args):
     """SGLang's parser takes abbreviations, and a second --config would carry flags of its own."""
     line = refusal("sglang_server_extra_args", args)
-    assert line.startswith(f"sglang_server_extra_args={args!r} is refused: it must be a list of strings") and "\n" not in line
-    assert "--config or an abbreviation of them" in line
+    assert line.startswith("sglang_server_extra_args (not shown) is refused: it must be a list of strings")
+    assert "--config or an abbreviation of them" in line and "\n" not in line
+
+
+def test_extra_args_that_set_a_key_are_refused_without_showing_it():
+    """The message repeated the key the arguments carried (on the terminal, in Ansible's output)."""
+    for args in (["--api-key", "sk-supersecret-1234567890"], ["--trust-remote-code", "--admin-api-key=sk-supersecret-1234567890"]):
+        assert "sk-supersecret" not in refusal("sglang_server_extra_args", args)
+    assert "'--x\\n'" in refusal("sglang_server_extra_args", ["--x\n"])    # a control character: shown, to find it
 
 
 def test_extra_args_that_only_resemble_those_flags_pass():
