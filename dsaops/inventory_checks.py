@@ -14,6 +14,8 @@ import ipaddress
 import re
 from collections.abc import Callable, Mapping
 
+from dsaops.kernels.route import HEADS_MOST
+
 # SGLang's parser takes any unambiguous prefix (allow_abbrev), so "--api-k" is --api-key too
 _REFUSED_FLAGS = ("--api-key", "--admin-api-key", "--config")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -120,6 +122,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "cidrs": (_list_of(_cidr), "a list of IPv4 addresses or networks such as 10.0.0.0/24"),
     "port": (_between(1, 65535), "a TCP port, 1 to 65535"),
     "positive": (_between(1, 1 << 20), "a whole number of 1 or more"),
+    "heads": (_between(1, HEADS_MOST), f"a whole number of q heads from 1 to {HEADS_MOST} (dsaops kernels selftest --heads)"),
     "seconds": (_between(1, 1 << 31), "a whole number of seconds, 1 or more"),
     "fraction": (_between(0.01, 0.99, whole=False), "a fraction between 0 and 1, e.g. 0.85"),
     "gib": (_between(0.01, 1 << 20, whole=False), "a positive number of GiB"),
@@ -185,7 +188,7 @@ VARIABLES: dict[str, str] = {
     "sglang_server_memory_limit": "size", "sglang_server_memory_gate_gib": "gib",
     "sglang_server_memory_wait_s": "seconds", "sglang_server_memory_poll_s": "seconds", "sglang_server_stop_timeout": "seconds",
     "sglang_server_hf_cache": "path",
-    "sglang_server_script": "path", "sglang_server_cache_dir": "path",
+    "sglang_server_script": "path", "sglang_server_cache_dir": "path", "sglang_server_selftest_heads": "heads",
     "sglang_server_supervisor": "supervisor", "sglang_server_health_probe_timeout": "seconds",
     "sglang_server_health_wait_s": "seconds", "sglang_server_smoke_bench_concurrency": "levels",
     "monitoring_exporter_api_key_file": "path", "monitoring_exporter_state_dir": "path",

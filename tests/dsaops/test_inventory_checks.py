@@ -61,6 +61,7 @@ def test_a_newline_is_refused_everywhere(name):
     ("weights_hf_token_file", "/etc/dsaops/weights-hf-token", "weights-hf-token"),
     ("host_memory_sshd_pidfile", "/run/sshd.pid", "/run/$(id).pid"), ("sglang_server_root", "", "/srv/root x"),
     ("host_memory_root", "/srv/roots/node1", "srv"), ("weights_root", "", "/x\n"),
+    ("sglang_server_selftest_heads", 32, 0), ("sglang_server_selftest_heads", "1024", 1025),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
