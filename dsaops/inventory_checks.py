@@ -86,6 +86,11 @@ def _no_control(value) -> bool:
     return isinstance(value, str) and not any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
+def _model_folder(value) -> bool:
+    # its last name names the mount, --served-model-name, the weights folder and the manifest
+    return _match(_PATH)(value) and value.rsplit("/", 1)[1] not in ("", ".", "..")
+
+
 def _secret(value) -> bool:
     return value == "" or (_match(_SECRET)(value) and len(value) >= 16)
 
@@ -133,7 +138,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "path": (_match(_PATH), "an absolute path of letters, digits and '_', '.', '+', '@', '-' (no spaces)"),
     "root": (lambda v: v == "" or _match(_PATH)(v), ("empty, or an absolute path of letters, digits and '_', '.', '+', "
                                                       "'@', '-'")),
-    "model": (lambda v: _match(_PATH)(v) or _match(_HF_ID)(v), "a Hugging Face id (org/name) or an absolute path"),
+    "model": (lambda v: _model_folder(v) or _match(_HF_ID)(v),
+              "a Hugging Face id (org/name) or the absolute path of the checkpoint's folder, without a trailing '/'"),
     "secret": (_secret, "empty (generated), or at least 16 printable characters without spaces"),
     # SGLang's --config merge hands the key to argparse, which reads a value starting with '-' as a flag
     "api_key": (lambda v: _secret(v) and not v.startswith("-"),

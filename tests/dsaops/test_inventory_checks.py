@@ -68,6 +68,14 @@ def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, bad).startswith(name)
 
 
+@pytest.mark.parametrize("path", ["/data/models/GLM-5.3-Flash/", "/data/models/GLM-5.3-Flash/..", "/data/models/.", "/"])
+def test_a_model_folder_without_a_name_of_its_own_is_refused(path):
+    """Its basename names the mount, the served model, the weights folder and the manifest: a tab-completed
+    trailing '/' gave /models/ and no --served-model-name, and staged the copy into the folder of every model."""
+    assert refusal("dsaops_model_path", path).startswith(f"dsaops_model_path={path!r} is refused")
+    assert refusal("dsaops_model_path", path.rstrip("/.") or "/x") is None
+
+
 def test_a_refused_secret_is_named_but_never_shown():
     [line] = refusals({"sglang_server_hf_token": "hf_secret\nEVIL=1"})
     assert line.startswith("sglang_server_hf_token (not shown) is refused") and "hf_secret" not in line
