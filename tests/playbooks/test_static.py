@@ -360,6 +360,16 @@ def test_one_target_and_image_on_every_node(tmp_path):
             "server_port differs between nodes ({'spark-1': '30000', 'spark-2': '31000'}); Set each once") in failed[0]
 
 
+def test_a_weights_source_outside_the_cluster_is_refused_without_hosts():
+    """The weights role said so only after host_memory, network, transfer and image had changed the nodes."""
+    result = print_commands("dgx-spark-2x", "-e", "dsaops_weights_source_host=spark-3")
+    assert result.returncode != 0
+    assert ("dsaops_weights_source_host spark-3 is not in dsaops_cluster (spark-1, spark-2); name the node that holds "
+            "or downloads the weights") in " ".join(result.stderr.split())
+    assert print_commands("dgx-spark-2x", "-e", "dsaops_weights_source_host=spark-3", "-e",
+                          "dsaops_weights_stage=false").returncode == 0
+
+
 def test_two_nodes_on_one_cluster_address_are_refused(tmp_path):
     path = tmp_path / "one-address.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
