@@ -23,6 +23,7 @@ from dsaops.plan_input import JSON_MOST_BYTES, read_text
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
+LISTING_TIMEOUT_S = 120  # a dynamic inventory may ask a cloud API; one that hangs must not hang the deploy
 PHASES = ("preflight", "host_memory", "network", "image", "weights", "sglang_server", "health", "monitoring")
 
 
@@ -58,9 +59,15 @@ def _members(listing: dict, group: str) -> set[str]:
 
 def _listing(inventory: Path, path: str, *options: str) -> tuple[dict, str]:
     """`ansible-inventory --list` of `inventory` (empty when Ansible cannot read it), and its stderr."""
-    listed = subprocess.run([shutil.which("ansible-inventory", path=path) or "ansible-inventory", "-i", str(inventory),
-                             "--list", *options], capture_output=True, text=True, check=False, timeout=120,
-                            env=os.environ | {"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path})
+    try:
+        listed = subprocess.run([shutil.which("ansible-inventory", path=path) or "ansible-inventory", "-i",
+                                 str(inventory), "--list", *options], capture_output=True, text=True, check=False,
+                                timeout=LISTING_TIMEOUT_S,
+                                env=os.environ | {"ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "PATH": path})
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{inventory}: ansible-inventory listed no hosts within {LISTING_TIMEOUT_S} s (an inventory "
+                        f"script or plugin that hangs?); check that `ansible-inventory -i {inventory} --list` "
+                        "finishes") from None
     try:
         return json.loads(listed.stdout), listed.stderr
     except json.JSONDecodeError:

@@ -267,6 +267,20 @@ def test_deploy_stops_on_an_inventory_without_serving_hosts(tmp_path, inventory,
     assert result.stderr.count("\n") == 1 and "summary" not in result.stdout, result.stdout + result.stderr
 
 
+def test_an_inventory_script_that_hangs_stops_the_deploy_in_one_line(tmp_path, monkeypatch):
+    """ansible-inventory runs an executable inventory; one that never answers used to end in a traceback."""
+    import dsaops.deploy
+    from dsaops.errors import UserError
+
+    script = tmp_path / "cloud.sh"
+    script.write_text("#!/bin/sh\nexec sleep 30\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(dsaops.deploy, "LISTING_TIMEOUT_S", 3)
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    with pytest.raises(UserError, match=r"cloud\.sh: ansible-inventory listed no hosts within 3 s .*finishes$"):
+        dsaops.deploy.check_inventory(script, path)
+
+
 @pytest.mark.parametrize("playbook", ["cluster.yml", "print-commands.yml"])
 def test_ansible_playbook_stops_on_a_missing_inventory(tmp_path, playbook):
     """Ansible alone runs no play of an unreadable inventory and exits 0; the first play stops it."""
