@@ -36,9 +36,9 @@ def gather_kv_rows(pool, slot_ids, pad_multiple=128):
     """Return (rows, ids): rows [P, 1, d] in pool.dtype, ids [P] int32, P = ceil(N / pad_multiple) * pad_multiple.
 
     rows[i] = pool[slot_ids[i]] for i < N; ids = slot_ids followed by -1 up to P. A masked id (-1) gives a
-    zero row and keeps its -1; the padding rows are zero. Ids must be -1 or in [0, slots) (not checked here:
-    that would cost a host sync; any other id reads as a zero row, never out of bounds;
-    `dsaops.kernels.reference.gather_kv_rows` checks them). N = 0 gives empty outputs.
+    zero row and keeps its -1; the padding rows are zero. slot_ids: 1-D, contiguous, int32 or int64. Ids must
+    be -1 or in [0, slots) (not checked here: that would cost a host sync; any other id reads as a zero row,
+    never out of bounds; `dsaops.kernels.reference.gather_kv_rows` checks them). N = 0 gives empty outputs.
     """
     check_pool(pool)
     check_ids("slot_ids", slot_ids, pool)

@@ -46,6 +46,8 @@ def check_ids(name: str, ids: torch.Tensor, pool: torch.Tensor) -> None:
         raise ValueError(f"{name} must be a 1-D int32 or int64 tensor of slot ids, got {ids.dtype} {tuple(ids.shape)}")
     if ids.device != pool.device:
         raise ValueError(f"{name} is on {ids.device} but the pool is on {pool.device}; move it to the pool's device")
+    if not ids.is_contiguous():  # the kernels read ids[i] at ids_ptr + i: a strided view would name other slots
+        raise ValueError(f"{name} must be contiguous, got strides {ids.stride()}; pass {name}.contiguous()")
 
 
 def _rows(name: str, x: torch.Tensor, loc: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
@@ -179,7 +181,7 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None)
     """pool[loc[i], 0] = cat(k_nope[i], k_rope[i]).to(pool.dtype) for every i with loc[i] != skip_index; returns pool.
 
     pool [slots, 1, d] fp8 (float8_e4m3fn; float8_e4m3fnuz on gfx942), written in place.
-    loc [N] int32/int64 slot ids, distinct among the written rows and in [0, slots). They are not checked
+    loc [N] int32/int64 slot ids, contiguous, distinct among the written rows and in [0, slots). They are not checked
     here (that would cost a host sync): a loc outside the pool is dropped, never written out of bounds;
     `dsaops.kernels.reference.write_kv_fp8` checks them.
     k_nope [N, d_nope] or [N, 1, d_nope] in bf16/fp16/fp32; k_rope likewise, or None for NoPE; d_nope + d_rope == d.

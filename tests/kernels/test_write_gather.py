@@ -142,6 +142,7 @@ def bad_write_inputs(dev):
         "loc 2-D": ({"loc": loc[None]}, "loc must be"),
         "loc float": ({"loc": loc.float()}, "loc must be"),
         "loc on another device": ({"loc": torch.arange(4, device="meta")}, "move it"),
+        "loc strided": ({"loc": torch.arange(8, device=dev)[::2]}, "loc must be contiguous"),
         "rows != len(loc)": ({"k_nope": x[:3]}, "one row per loc"),
         "k_nope integer": ({"k_nope": x.int()}, "bfloat16, float16 or float32"),
         "rope makes the row too wide": ({"k_rope": rope}, "must equal the pool row width"),
@@ -240,6 +241,7 @@ def test_write_then_gather_round_trip(dev):
     ({"pad_multiple": 0}, "pad_multiple"), ({"pad_multiple": True}, "pad_multiple"),
     ({"pad_multiple": 1.5}, "pad_multiple"), ({"slot_ids": torch.zeros(2, 2, dtype=torch.int32)}, "slot_ids"),
     ({"slot_ids": torch.zeros(2)}, "slot_ids"), ({"pool": torch.zeros(4, 1, 512)}, "pool dtype"),
+    ({"slot_ids": torch.arange(4)[::2]}, "slot_ids must be contiguous"),
 ])
 def test_gather_bad_input(change, message):
     args = {"pool": torch.zeros(4, 1, 512, dtype=FN), "slot_ids": torch.arange(2), "pad_multiple": 128} | change
