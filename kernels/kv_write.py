@@ -186,7 +186,7 @@ def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None)
     `dsaops.kernels.reference.write_kv_fp8` checks them.
     k_nope [N, d_nope] or [N, 1, d_nope] in bf16/fp16/fp32; k_rope likewise, or None for NoPE; d_nope + d_rope == d.
     Rows not named by loc, and rows at skip_index (SGLang's reserved padding slot 0), are not touched.
-    kv_scale [slots] float32: write the row-scaled layout instead: each row
+    kv_scale [slots] float32, contiguous: write the row-scaled layout instead: each row
     multiplied by fp8 max / amax(row) before the cast, amax / fp8 max into kv_scale[loc[i]]
     (`reference.row_scales`).
     """

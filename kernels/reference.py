@@ -114,10 +114,13 @@ def sparse_mla_decode_row_scaled(q, kv, kv_scale, indices, sm_scale, d_v=512, re
 
 
 def check_kv_scale(kv_scale, pool) -> None:
-    """The row-scaled layout's scales: float32 [slots], one a pool row, on the pool's device."""
-    if kv_scale.dtype != torch.float32 or kv_scale.shape != (pool.shape[0],) or kv_scale.device != pool.device:
-        raise ValueError(f"kv_scale must be float32 [{pool.shape[0]}] (one scale a pool row) on {pool.device}, "
-                         f"got {kv_scale.dtype} {tuple(kv_scale.shape)} on {kv_scale.device}")
+    """The row-scaled layout's scales: float32 [slots], one a pool row, on the pool's device, contiguous
+    (the kernels address scale i at kv_scale's pointer + i)."""
+    if (kv_scale.dtype != torch.float32 or kv_scale.shape != (pool.shape[0],) or kv_scale.device != pool.device
+            or not kv_scale.is_contiguous()):
+        raise ValueError(f"kv_scale must be float32 [{pool.shape[0]}] (one scale a pool row), contiguous, on "
+                         f"{pool.device}, got {kv_scale.dtype} {tuple(kv_scale.shape)} strides {kv_scale.stride()} "
+                         f"on {kv_scale.device}")
 
 
 def write_kv_fp8(pool, loc, k_nope, k_rope=None, skip_index=None, kv_scale=None):

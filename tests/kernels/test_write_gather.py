@@ -109,9 +109,11 @@ def test_row_scaled_write_matches_reference_bytes_and_scales(dev, with_rope):
 def test_row_scaled_write_wants_one_float32_scale_a_row(dev):
     pool = torch.zeros(8, 1, 512, dtype=FN, device=dev)
     x = torch.ones(2, 512, dtype=torch.bfloat16, device=dev)
-    for bad in (torch.ones(7, device=dev), torch.ones(8, dtype=torch.float16, device=dev)):
+    for bad in (torch.ones(7, device=dev), torch.ones(8, dtype=torch.float16, device=dev),
+                torch.ones(16, device=dev)[::2]):  # a strided view: the kernel would write other elements
         with pytest.raises(ValueError, match=r"kv_scale must be float32 \[8\]"):
             kv_write.write_kv_fp8(pool, torch.arange(2, device=dev), x, kv_scale=bad)
+        assert (pool.float() == 0).all()
 
 
 def test_write_without_skip_index_writes_slot_zero(dev):
