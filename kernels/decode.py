@@ -141,7 +141,7 @@ def decode_preferred(num_queries: int, num_heads: int) -> bool:
 
 
 @functools.cache
-def _check_geometry(q_shape, kv_shape, idx_shape, kv_dtype, idx_dtype, d_v) -> None:
+def _check_geometry(q_shape, kv_shape, idx_shape, q_dtype, kv_dtype, idx_dtype, d_v) -> None:
     """The shape and dtype checks, once per distinct call shape (a ValueError is not cached)."""
     import torch
 
@@ -149,6 +149,8 @@ def _check_geometry(q_shape, kv_shape, idx_shape, kv_dtype, idx_dtype, d_v) -> N
         raise ValueError(f"want q [S, H, d], kv [slots, 1, d], indices [S, 1, topk]; got "
                          f"{tuple(q_shape)}, {tuple(kv_shape)}, {tuple(idx_shape)}")
     S, H, width = q_shape
+    if not q_dtype.is_floating_point:  # decode_with_tile casts q to bf16: an integer q would become nonsense
+        raise ValueError(f"q must be bfloat16 (fp8, float16 or float32: cast to bfloat16), got {q_dtype}")
     if unsupported := route.geometry_unsupported(H, width, d_v, idx_shape[2], kv_dtype):
         raise ValueError(f"unsupported geometry: {'; '.join(unsupported)}")
     if kv_shape[1] != 1 or kv_shape[2] != width:
@@ -158,7 +160,7 @@ def _check_geometry(q_shape, kv_shape, idx_shape, kv_dtype, idx_dtype, d_v) -> N
 
 
 def _check(q, kv, indices, d_v):
-    _check_geometry(q.shape, kv.shape, indices.shape, kv.dtype, indices.dtype, d_v)
+    _check_geometry(q.shape, kv.shape, indices.shape, q.dtype, kv.dtype, indices.dtype, d_v)
     dev = q.device
     if not (q.is_cuda and kv.device == dev and indices.device == dev):
         raise ValueError("q, kv and indices must be on the same GPU")
@@ -177,8 +179,8 @@ def _check_topk_length(topk_length, q) -> None:
 def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, kv_scale=None, topk_length=None):
     """Sparse-MLA decode over a raw fp8 KV pool.
 
-    q [S, H, d_v + d_tail] bf16 (fp8 accepted), kv [slots, 1, d_v + d_tail] raw fp8 (one row a
-    token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
+    q [S, H, d_v + d_tail] bf16 (fp8 accepted; fp16, fp32 rounded to bf16), kv [slots, 1, d_v + d_tail]
+    raw fp8 (one row a token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
     [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
     is zeros) when return_lse. q enters the QK^T product at bf16's precision: the kernel scales each
     head's q by a power of two and splits it into two e4m3 halves whose sum is q exactly
@@ -268,7 +270,7 @@ def decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_sc
     device_index = dev.index if dev.index is not None else torch.cuda.current_device()
     launches, unread, lse_scratch = _plan(device_index, S, H, topk, width, d_v, tile, kv_scale is not None, target)
     if q.dtype != torch.bfloat16:
-        q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact; the kernel reads bf16
+        q = q.to(torch.bfloat16)  # fp8 -> bf16 is exact (fp16, fp32: rounded); the kernel reads bf16
     scale = unread if kv_scale is None else kv_scale
     out = torch.empty((S, H, d_v), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((S, H), dtype=torch.float32, device=dev) if return_lse else lse_scratch

@@ -279,6 +279,10 @@ def test_decode_input_errors_say_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
     with pytest.raises(ValueError, match="d_v 256"):
         sparse_mla_decode_fp8(q, kv, idx, 1.0, d_v=256)
+    with pytest.raises(ValueError, match="q must be bfloat16"):  # a cast to bf16 would hide it
+        sparse_mla_decode_fp8(q.int(), kv, idx, 1.0)
+    with pytest.raises(ValueError, match="same GPU"):  # fp16 is rounded to bf16, as documented
+        sparse_mla_decode_fp8(q.half(), kv, idx, 1.0)
 
 
 def test_decode_preferred_follows_the_h200_measurements():
