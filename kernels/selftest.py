@@ -241,7 +241,7 @@ def add_parser(ksub) -> None:
 
 def given_batch_sizes(args) -> list[int] | None:
     """--batch-sizes sorted, or None: checked before any GPU work."""
-    if not args.batch_sizes:
+    if args.batch_sizes is None:  # an empty --batch-sizes is refused below, not read as the default list
         return None
     sizes = sorted(set(whole_numbers(args.batch_sizes, "--batch-sizes", "1,16,64")))
     if not sizes or sizes[0] < 1 or sizes[-1] > BATCH_MOST:

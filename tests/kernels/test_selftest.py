@@ -152,6 +152,7 @@ def test_if_stale_does_nothing_for_a_current_verdict(fake_nvidia_smi, capsys):
     (["--batch-sizes", "1,100000"], "--batch-sizes takes batch sizes from 1 to 8192, e.g. 1,16,64; got '1,100000'"),
     (["--batch-sizes", "1,\u0663"], "--batch-sizes takes comma-separated whole numbers, e.g. 1,16,64; got '1,\u0663'"),
     (["--batch-sizes", "1_000"], "--batch-sizes takes comma-separated whole numbers, e.g. 1,16,64; got '1_000'"),
+    (["--batch-sizes", ""], "--batch-sizes takes batch sizes from 1 to 8192, e.g. 1,16,64; got ''"),  # not the default
     (["--out", "{tmp}"], "is a folder; give the verdict file's path, e.g. {tmp}/decode-verdict.json"),
     (["--out", "{tmp}/afile/verdict.json"], "cannot write in {tmp}/afile; give a file in a folder"),
     (["--out", "/proc/dsaops/verdict.json"], "cannot write in /proc/dsaops; give a file in a folder"),  # even as root
@@ -174,7 +175,7 @@ def test_batch_sizes_argument(monkeypatch):
     assert of(batch_sizes="64,1, 8,8") == [1, 8, 64]
     assert of(max_bs=12) == [1, 2, 4, 8, 12]
     assert of()[-1] == 256
-    for bad in ("a,b", "0,4", ","):
+    for bad in ("a,b", "0,4", ",", ""):
         with pytest.raises(Exception, match="--batch-sizes"):
             of(batch_sizes=bad)
 
