@@ -77,6 +77,8 @@ def run_compile(args) -> int:
         raise UserError(f"{args.target} is not an NVIDIA target; `dsaops kernels compile` takes "
                         f"{', '.join(n for n, t in targets.table().items() if t.vendor == 'nvidia')}")
     # checked before compiling: TileLang would fail on it only after a first round of compiles
+    if args.cache_dir == "":  # not the default cache, nor the working folder that Path("") names
+        raise UserError("--cache-dir is empty; give a folder you may write to or create")
     if args.cache_dir and not can_write_in(Path(args.cache_dir)):
         raise UserError(f"--cache-dir {args.cache_dir} is not a folder you may write to or create; give one that is")
     try:

@@ -264,6 +264,14 @@ def test_cli_compile_refuses_a_cache_dir_it_cannot_write_before_compiling(tmp_pa
     assert err == f"dsaops kernels: --cache-dir {cache} is not a folder you may write to or create; give one that is\n"
 
 
+def test_cli_compile_refuses_an_empty_cache_dir(capsys, monkeypatch):
+    from dsaops.kernels import cli
+
+    monkeypatch.setattr(cli, "build", lambda *a, **k: pytest.fail("compiled into the default cache for --cache-dir ''"))
+    assert dsaops_main(["kernels", "compile", "--target", "sm_90", "--cache-dir", "", "--jobs", "1"]) == 2
+    assert capsys.readouterr().err == "dsaops kernels: --cache-dir is empty; give a folder you may write to or create\n"
+
+
 def test_decode_input_errors_say_what_to_change():
     torch = pytest.importorskip("torch")
     from dsaops.kernels import sparse_mla_decode_fp8
