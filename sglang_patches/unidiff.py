@@ -19,6 +19,8 @@ from pathlib import PurePosixPath
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NO_EOL = "\\ No newline at end of file"
+# A line ends at \n only, as for diff and GNU patch (str.splitlines also breaks at \f, \x1c, U+2028, …).
+_LINE = re.compile(r"[^\n]*\n|[^\n]+")
 
 
 class PatchError(Exception):
@@ -88,7 +90,7 @@ def _strip1(patch: str, raw: str, side: str) -> str:
 
 
 def parse(name: str, text: str) -> Patch:
-    lines = text.splitlines(keepends=True)
+    lines = _LINE.findall(text)
     i = 0
     while i < len(lines) and not (lines[i].startswith("--- ") and i + 1 < len(lines)
                                   and lines[i + 1].startswith("+++ ")):
@@ -151,7 +153,7 @@ def _parse_hunk(name: str, fp: FilePatch, lines: list[str], i: int) -> int:
 
 def apply_hunks(patch: str, target: str, text: str, hunks: list[Hunk]) -> str:
     """The file text with every hunk applied exactly where its header says."""
-    src = text.splitlines(keepends=True)
+    src = _LINE.findall(text)
     out: list[str] = []
     pos = 0  # next unconsumed source line (0-based)
     for number, h in enumerate(hunks, 1):

@@ -30,6 +30,16 @@ def test_applies_exactly_and_reverses():
     assert apply_hunks("p", fp.path, new, [h.reversed() for h in fp.hunks]) == OLD
 
 
+def test_lines_end_only_at_newline():
+    """A line is what ends in \\n, as for diff and GNU patch: a form feed or U+2028 inside a line (legal in
+    Python source) neither shifts the line numbers nor splits a hunk's line."""
+    old = OLD.replace("line 1\n", "line 1\f\n").replace("line 3\n", "s = '\u2028'  # line 3\n")
+    (fp,) = parse("p", PATCH.replace(" line 3\n", " s = '\u2028'  # line 3\n")).files
+    new = apply_hunks("p", fp.path, old, fp.hunks)
+    assert new == old.replace("line 4\n", "line four\nline 4.5\n").replace("line 10\n", "line ten")
+    assert apply_hunks("p", fp.path, new, [h.reversed() for h in fp.hunks]) == old
+
+
 @pytest.mark.parametrize("old, message", [
     ("line 0\n" + OLD, "hunk #1"),                          # shifted by one line: no offset
     (OLD.replace("line 5\n", "line  5\n"), "line 5 differs"),  # one context line differs: no fuzz
