@@ -78,6 +78,16 @@ def test_patched_server_info_carries_neither_key(patched_root, tmp_path):
         "--api-key=<redacted> --watermark-config <redacted> --port 1"
 
 
+def test_patched_launch_command_redacts_abbreviated_key_flags(patched_root):
+    """`sglang serve`'s parser takes any unambiguous prefix of a flag (argparse's allow_abbrev), so
+    `--api-ke K` sets the API key: launch_command must not show K either."""
+    argv = ["--model-path", "/models/x", "--api-ke", API_KEY, f"--admin-api={ADMIN_KEY}"]
+    args, _ = parse_server_args(argv)
+    assert (args.api_key, args.admin_api_key) == (API_KEY, ADMIN_KEY)
+    _, command_line = redaction(patched_root)
+    assert command_line(argv, None) == "--model-path /models/x --api-ke <redacted> --admin-api=<redacted>"
+
+
 def test_pristine_server_info_gives_both_keys_away(pristine_root, tmp_path):
     """Control: 0.5.23 as shipped returns both keys, in the fields and in launch_command."""
     body = server_info(pristine_root, tmp_path)
