@@ -76,14 +76,21 @@ def check_version(root: Path) -> None:
                         f"(pip install --no-deps sglang=={pins.SGLANG}) or point --sglang-root at such a tree")
 
 
+def _resolve(root: Path, rel: str) -> Path:
+    try:
+        return (root / rel).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError after
+        raise TreeError(f"{rel}: cannot resolve ({e}); replace the link with the file itself") from None
+
+
 def _package(root: Path) -> Path:
     """The real folder of the sglang/ package: every file the tool reads or writes must be inside it."""
-    return (root / "sglang").resolve()
+    return _resolve(root, "sglang")
 
 
 def _inside(root: Path, rel: str) -> Path:
     """The real path of root/rel; refuses a symlink (of the file or a folder) that leaves the package."""
-    real = (root / rel).resolve()
+    real = _resolve(root, rel)
     if not real.is_relative_to(_package(root)):
         raise TreeError(f"{rel} resolves to {real}, outside {_package(root)}: refusing to read or write through "
                         "a symlink that leaves the tree; replace the link with the file itself")

@@ -233,6 +233,18 @@ def test_a_symlink_inside_the_tree_is_followed(root, capsys):
     assert tree_hash(root) == before
 
 
+@pytest.mark.parametrize("where", [LAST, tree.MARKER])
+def test_a_symlink_loop_is_refused_in_one_line(sparse_root, where, capsys):
+    """A link to itself: resolving it fails (RuntimeError before Python 3.13, OSError after)."""
+    loop = sparse_root / where
+    with contextlib.suppress(FileNotFoundError):
+        loop.unlink()
+    loop.symlink_to(loop.name)
+    for action in ("status", "check", "apply", "revert"):
+        refused(action, sparse_root, capsys, f"{where}: cannot resolve")
+    assert loop.is_symlink() and not list(sparse_root.rglob(f".*{atomic_files.NEW}"))
+
+
 HOLDING = """
 import sys
 from dsaops.cli import main
