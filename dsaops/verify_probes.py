@@ -138,6 +138,8 @@ def chat(server_url: str, model: str, prompt: str, *, max_tokens: int, timeout: 
         content = choice["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
         raise ProbeError("error", f"reply has no choices[0].message: {str(reply)[:200]}") from None
+    if not isinstance(content, str):
+        raise ProbeError("error", f"choices[0].message.content is not text: {str(content)[:200]}")
     answer = content.rsplit("</think>", 1)[-1].strip()
     if not answer and choice.get("finish_reason") == "length":
         # a reasoning model (--reasoning-parser) still thinking: content is empty, reasoning_content is not

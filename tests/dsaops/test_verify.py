@@ -197,6 +197,15 @@ def test_dropped_connection_and_http_error_are_errors(server, capsys):
     assert by_name["capital-zh"]["status"] == "pass"
 
 
+def test_a_reply_whose_content_is_not_text_is_an_error(server, capsys):
+    """content as a list of parts (a wrong shape for SGLang's chat reply) was an AttributeError traceback."""
+    url, _ = server(lambda prompt: [{"type": "text", "text": "5"}] if "2+3" in prompt else "right")
+    code, report, _ = verify(url, capsys, "--niah-depths", "")
+    probe = {p["name"]: p for p in report["probes"]}["add-zh"]
+    assert code == 1 and probe["status"] == "error" and "content" in probe["detail"]
+    assert statuses(report)["capital-zh"] == "pass"
+
+
 def test_an_answer_cut_off_while_thinking_says_so(server, capsys):
     url, _ = server(lambda prompt: "think" if "backwards" in prompt else "right")
     code, report, _ = verify(url, capsys, "--niah-depths", "", "--max-tokens", "64")
