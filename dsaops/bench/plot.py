@@ -2,6 +2,9 @@
 the named caps as vertical lines. matplotlib is the `bench` extra."""
 from __future__ import annotations
 
+import io
+
+from dsaops.cli_args import write as write_file
 from dsaops.errors import UserError
 
 INSTALL_HINT = "--plot needs matplotlib: pip install 'dsaops[bench]'"
@@ -43,5 +46,7 @@ def write(report: dict, path: str) -> None:
     ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
     ax.set_title("dsaops bench serve" + (": the caps disagree (see the report)" if report["disagreements"] else ""))
     fig.tight_layout()
-    fig.savefig(path)
+    image = io.BytesIO()
+    fig.savefig(image, format="png")   # a PNG whatever the name ends in: savefig guesses from the suffix
     plt.close(fig)
+    write_file("--plot", path, image.getvalue())

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from dsaops import pins
-from dsaops.bench import generator
+from dsaops.bench import generator, plot, serve_report
+from dsaops.bench import sweep as sweep_mod
 from dsaops.cli import main
 from tests.dsaops.raw_http import answering, http_response
 from tests.support.polling import wait_for
@@ -108,6 +109,18 @@ def test_knee_at_the_cap_and_a_plan_that_says_otherwise_is_flagged(standin, expo
     assert "the server names" not in flagged                                     # the server's cap agrees
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert "[5/5] concurrency 16" in err
+
+
+@pytest.mark.parametrize("name", ["sweep.txt", "sweep"])
+def test_the_plot_is_a_png_at_the_path_given(tmp_path, name):
+    """matplotlib took the format from the name: sweep.txt was a ValueError traceback after the whole
+    sweep, and a name without a suffix got .png appended, not the file the run said it wrote."""
+    levels = [generator.Level(c, 8, 8, 1.0, 5.0, 9.0, 2.0, 3.0, 100.0 * c, 8.0, None) for c in (1, 2)]
+    report = serve_report.build(sweep_mod.Sweep(levels), {"server": None}, {})
+    plot_path = tmp_path / name
+    plot.write(report, str(plot_path))
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == [name]
 
 
 def test_negative_control_a_plan_that_agrees_is_not_flagged(standin, with_generator, tokenizer_dir, tmp_path, capsys):
