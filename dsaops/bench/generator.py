@@ -119,12 +119,13 @@ class Generator:
                                      stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
         return self
 
-    def __exit__(self, *exc) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:   # interrupted (Ctrl-C), the child may be mid-level: no wait for it to finish
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         bounded.kill_group(self.proc)
         self.folder.cleanup()
 

@@ -4,6 +4,8 @@ disagree flagged, caps that agree not; a silent server stopped in bounded time; 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -146,6 +148,24 @@ def test_a_server_that_never_answers_is_stopped_in_bounded_time(standin, with_ge
     assert "FAILED: concurrency 1: no result within 8 s" in out
     assert "[2/3]" not in err                 # the sweep stops at the first silent level
     assert "server cap: unknown" in out       # no /server_info on this server: said, not guessed
+
+
+def test_ctrl_c_mid_level_stops_at_once_and_leaves_nothing(standin, with_generator, tokenizer_dir, tmp_path):
+    """Ctrl-C waited 10 s on the generator child, busy in its level, before killing it."""
+    url = standin(stall=True)
+    proc = subprocess.Popen([sys.executable, "-m", "dsaops", "bench", "serve", "--server-url", url, "--tokenizer",
+                             tokenizer_dir, "--concurrency", "1", "--input-len", "8", "--output-len", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    while "[1/1] concurrency 1" not in proc.stderr.readline():   # the level has started
+        assert proc.poll() is None
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - interrupted < 5
+    assert proc.returncode == 130 and "Traceback" not in err and out == ""
+    assert list(tmp_path.iterdir()) == []     # the generator's folder and the log are gone
 
 
 @pytest.mark.parametrize("answered, level", [(1, 1), (3, 2)])
