@@ -47,7 +47,7 @@ def shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def whole(value, what: str, *, least: int = 1, most: int = INT_MOST, error: type[UserError] = UserError) -> int:
+def whole(value, what: str, *, least: int = 1, most: int = INT_MOST, error: type[Exception] = UserError) -> int:
     """`value` if it is an int from `least` to `most` (not a bool, not 12.0); else `error` naming `what`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{what} must be a whole number, not {shown(value)}")

@@ -43,7 +43,8 @@ def from_server_info(info: dict) -> Cap:
         raise ValueError("no internal_states")
     per_dp, bindings, inferred = [], [], False
     for state in states:
-        effective = int(state["effective_max_running_requests_per_dp"])
+        effective = plan_input.whole(state["effective_max_running_requests_per_dp"],
+                                     "effective_max_running_requests_per_dp", error=ValueError)
         usage = state.get("memory_usage") or {}
         size, slots = state.get("max_mamba_cache_size"), state.get("mamba_state_slots_per_request")
         res = concurrency.resolve(

@@ -155,7 +155,7 @@ def server_cap(url: str, key: str | None, exporter_url: str | None):
         server = capacity.from_server_info(info)
     except vp.ProbeError as e:
         progress(f"/server_info: {e.detail}: the server's own cap is unknown")
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:   # Overflow: int() of Infinity
         progress(f"/server_info is not SGLang {pins.SGLANG}'s shape ({type(e).__name__}: {e}): "
                  "the server's own cap is unknown")
     if exporter_url:

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from dsaops import pins
-from dsaops.bench import generator, plot, serve_report
+from dsaops.bench import cli, generator, plot, serve_report
 from dsaops.bench import sweep as sweep_mod
 from dsaops.cli import main
 from tests.dsaops.raw_http import answering, http_response
@@ -270,6 +270,16 @@ def test_a_plan_that_is_not_one_is_refused_before_the_sweep(tmp_path, capsys, co
     assert main(["bench", "serve", "--server-url", f"http://127.0.0.1:{free_port()}", "--plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"dsaops bench: --plan {path}") and says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("state", [{"effective_max_running_requests_per_dp": "Infinity"},
+                                   {"effective_max_running_requests_per_dp": -3},
+                                   {"effective_max_running_requests_per_dp": 2, "memory_usage": {"token_capacity": "1e999"}}])
+def test_a_server_info_count_that_is_no_count_leaves_the_cap_unknown(capsys, state):
+    """Infinity was an OverflowError traceback; -3 was taken as the cap, and the default sweep was level 1 alone."""
+    body = json.dumps(server_info("/tok") | {"internal_states": [state]}).replace('"Infinity"', "Infinity")
+    _, cap = cli.server_cap(answering(http_response("200 OK", body.replace('"1e999"', "1e999").encode())), None, None)
+    assert cap is None and "/server_info is not SGLang" in capsys.readouterr().err
 
 
 def test_without_the_load_generator_it_says_how_to_get_it(standin, tokenizer_dir, capsys):
