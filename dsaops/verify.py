@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", help="model id to ask for (default: the first of /v1/models)")
     ref = p.add_mutually_exclusive_group()
     ref.add_argument("--reference", help="compare answers with this recorded reference (JSON)")
-    ref.add_argument("--record", help="write this run's answers as a reference (JSON)")
+    ref.add_argument("--record", help="write this run's answers as a reference (JSON; not when a question "
+                     "went unanswered)")
     p.add_argument("--niah-depths", default=DEFAULT_NIAH_DEPTHS,
                    help=f"needle depths in approximate tokens, comma-separated; '' for none (default {DEFAULT_NIAH_DEPTHS})")
     p.add_argument("--max-tokens", type=whole_up_to(INT_MOST), default=2048, help="per answer (reasoning models think first)")
@@ -87,8 +88,13 @@ def run(args) -> int:
                                 max_tokens=args.max_tokens, timeout=args.timeout,
                                 niah_timeout_per_ktok=args.niah_timeout_per_ktok, progress=vp.stderr_progress)
     if args.record and model is not None:
-        _write_reference(args.record, args.server_url, model, results)
-        vp.stderr_progress(f"reference written to {args.record}")
+        unanswered = [r.name for r in results if r.kind == "answer" and r.answer is None]
+        # a reference short of an answer would fail that probe on every later run: keep the one there
+        if unanswered:
+            vp.stderr_progress(f"not recorded to {args.record}: no answer to {', '.join(unanswered)}")
+        else:
+            _write_reference(args.record, args.server_url, model, results)
+            vp.stderr_progress(f"reference written to {args.record}")
     return _report(args, model, results)
 
 

@@ -294,6 +294,17 @@ def test_record_then_compare_with_the_reference(server, capsys, tmp_path):
     assert verify(url, capsys, "--niah-depths", "", "--reference", str(ref))[0] == 0
 
 
+def test_a_run_that_left_a_question_unanswered_records_nothing(server, capsys, tmp_path):
+    """A dropped request left its answer out of the record, which replaced the good one: a later run on a
+    healthy server then failed that probe for want of a recorded answer."""
+    ref = tmp_path / "reference.json"
+    ref.write_text('{"answers": {}}\n')
+    url, _ = server(lambda prompt: "drop" if "9.11" in prompt else "right")
+    code, _, err = verify(url, capsys, "--niah-depths", "", "--record", str(ref))
+    assert code == 1 and f"not recorded to {ref}: no answer to compare-zh" in err
+    assert ref.read_text() == '{"answers": {}}\n'
+
+
 # /proc: os.access says yes to root there, where no file can be made
 @pytest.mark.parametrize("record", ["{tmp}", "{tmp}/nodir/ref.json", "/proc/dsaops-ref.json"])
 def test_an_unwritable_record_is_refused_before_any_probe(server, capsys, tmp_path, record):
