@@ -28,6 +28,8 @@ _SECRET = re.compile(r"[\x21-\x7e]*")     # printable ASCII, no space: one word 
 _SIZE = re.compile(r"[0-9]+[bkmg]?", re.IGNORECASE)
 _DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# the host_memory role's own settings: as extras they would override its checked values unchecked
+_GUARDED_SYSCTLS = ("vm.min_free_kbytes", "vm.vfs_cache_pressure", "vm.watermark_boost_factor")
 
 
 def _int(value) -> int | None:
@@ -169,8 +171,11 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                          ("auto (where Docker answers), 'yes' or 'no' (quoted: YAML reads a bare yes or no as "
                           "true or false)")),
     "sysctls": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and re.fullmatch(r"vm\.[a-z_]+", k)
-                                                      and _int(x) is not None for k, x in v.items()),
-                "a mapping of vm.* keys to whole numbers"),
+                                                      and k not in _GUARDED_SYSCTLS and _int(x) is not None
+                                                      for k, x in v.items()),
+                ("a mapping of vm.* keys to whole numbers, without vm.min_free_kbytes, vm.vfs_cache_pressure and "
+                 "vm.watermark_boost_factor (set host_memory_min_free_kbytes, host_memory_vfs_cache_pressure and "
+                 "host_memory_watermark_boost_factor, which the guard rails check)")),
 }
 
 # variable: kind. Variables that are unset (None) are skipped.

@@ -62,6 +62,7 @@ def test_a_newline_is_refused_everywhere(name):
     ("host_memory_sshd_pidfile", "/run/sshd.pid", "/run/$(id).pid"), ("sglang_server_root", "", "/srv/root x"),
     ("host_memory_root", "/srv/roots/node1", "srv"), ("weights_root", "", "/x\n"),
     ("sglang_server_selftest_heads", 32, 0), ("sglang_server_selftest_heads", "1024", 1025),
+    ("host_memory_extra_sysctls", {"vm.swappiness": 10}, {"vm.swappiness": "10\nkernel.sysrq = 1"}),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -184,3 +185,12 @@ def test_port_collisions_name_each_shared_port_once():
         "port 30013 is both derived and monitoring_grafana_port"]
     assert port_collisions({"a": 1, "b": "1", "c": [1]}) == ["port 1 is both a and b and c"]
     assert port_collisions({"a": 1, "b": [2, 3]}) == []
+
+
+@pytest.mark.parametrize("key, variable", [("vm.min_free_kbytes", "host_memory_min_free_kbytes"),
+                                           ("vm.vfs_cache_pressure", "host_memory_vfs_cache_pressure"),
+                                           ("vm.watermark_boost_factor", "host_memory_watermark_boost_factor")])
+def test_an_extra_sysctl_may_not_pass_the_guard_rails_by_another_name(key, variable):
+    """The role checks these three through their own variables; set as extras they would win unchecked."""
+    line = refusal("host_memory_extra_sysctls", {key: 100_000_000})
+    assert line is not None and variable in line
