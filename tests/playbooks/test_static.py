@@ -21,7 +21,7 @@ from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.inventory_checks import refusal
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
-from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, recap
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, fake_kernel, recap
 from tests.support.sglang_definitions import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
@@ -659,9 +659,9 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
         "monitoring_grafana_admin_password_value"]
 
 
-def role_here(tmp_path, role, *flags, env=None, tasks_from=None, **extra) -> subprocess.CompletedProcess:
+def role_here(tmp_path, role, *flags, env=None, tasks_from=None, fails=False, **extra) -> subprocess.CompletedProcess:
     """One role (or one of its task files) on this machine (a one-node cluster reached locally), its machine-wide
-    paths under tmp_path/root."""
+    paths under tmp_path/root; the run must succeed, or with `fails` stop."""
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"children": {"dsaops_cluster": {"children": {
         "dsaops_head": {"hosts": {"here": {"ansible_connection": "local",
                                            "ansible_python_interpreter": sys.executable}}}}}}}}))
@@ -672,7 +672,7 @@ def role_here(tmp_path, role, *flags, env=None, tasks_from=None, **extra) -> sub
                 "preflight_plan": {}, **extra}
     result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "play.yml"),
                   *flags, "-e", json.dumps(settings), env={"ANSIBLE_ROLES_PATH": str(PLAYBOOKS / "roles"), **(env or {})})
-    assert result.returncode == 0, result.stdout[-3000:]
+    assert (result.returncode != 0) == fails, result.stdout[-3000:]
     return result
 
 
@@ -829,3 +829,12 @@ def test_the_download_token_goes_once_the_inventory_no_longer_gives_it(tmp_path)
     assert token.read_text() == "hf_earlier\n"
     role_here(tmp_path, "weights", env={"HF_TOKEN": ""}, dsaops_model_path=str(model))
     assert not token.exists()
+
+
+def test_a_sysctl_the_kernel_lacks_stops_before_the_file_is_written(tmp_path):
+    """A mistyped extra key has no /proc/sys file: the run stops before the sysctl.d file (which the next boot
+    would apply) is written."""
+    fake_kernel(tmp_path / "root", sshd_pid=4242)
+    result = role_here(tmp_path, "host_memory", fails=True, host_memory_extra_sysctls={"vm.swapiness": 10})
+    assert "vm/swapiness" in result.stdout
+    assert not (tmp_path / "root/etc/sysctl.d").exists()
