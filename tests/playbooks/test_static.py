@@ -838,3 +838,49 @@ def test_a_sysctl_the_kernel_lacks_stops_before_the_file_is_written(tmp_path):
     result = role_here(tmp_path, "host_memory", fails=True, host_memory_extra_sysctls={"vm.swapiness": 10})
     assert "vm/swapiness" in result.stdout
     assert not (tmp_path / "root/etc/sysctl.d").exists()
+
+
+FAKE_DOCKER = r"""#!/bin/sh
+# A Docker engine that remembers each container's labels: `run` records them, `inspect` answers as the role asks
+# (running, and the dsaops.args label when asked), `rm` forgets; every call is logged.
+state="$(dirname "$0")/containers"
+mkdir -p "$state"
+echo "$*" >> "$(dirname "$0")/calls"
+case "$1" in
+  inspect) [ -f "$state/$4" ] || exit 1
+           case "$3" in *dsaops.args*) printf 'true %s\n' "$(cat "$state/$4")" ;; *) echo true ;; esac ;;
+  rm) rm -f "$state/$3" ;;
+  run) name=""; label="<no value>"; prev=""
+       for a in "$@"; do
+         [ "$prev" = --name ] && name="$a"
+         [ "$prev" = --label ] && label="${a#dsaops.args=}"
+         prev="$a"
+       done
+       printf '%s' "$label" > "$state/$name" ;;
+esac
+"""
+
+
+def test_a_changed_listen_address_re_creates_the_stacks_container(tmp_path):
+    """Prometheus moved from every address back to loopback is started again with the new address, though none
+    of its files changed; a run with nothing changed starts nothing."""
+    docker = tmp_path / "bin/docker"
+    docker.parent.mkdir()
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    path = {"PATH": f"{docker.parent}{os.pathsep}{ENV['PATH']}"}
+    stack = {f"monitoring_{what}": str(REPO / "healthchecks" / where) for what, where in (
+        ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
+        ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))}
+    calls = tmp_path / "bin/calls"
+
+    def runs(listen: str) -> list[str]:
+        calls.unlink(missing_ok=True)
+        role_here(tmp_path, "monitoring", tasks_from="stack", env=path, monitoring_start="yes", network_firewall=False,
+                  monitoring_prometheus_listen=listen, **stack)
+        return [line for line in calls.read_text().splitlines() if line.startswith("run ")]
+
+    assert any("--web.listen-address=0.0.0.0:9090" in line for line in runs("0.0.0.0"))
+    started = runs("127.0.0.1")
+    assert len(started) == 1 and "--web.listen-address=127.0.0.1:9090" in started[0], started
+    assert runs("127.0.0.1") == []
