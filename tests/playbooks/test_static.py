@@ -884,3 +884,15 @@ def test_a_changed_listen_address_re_creates_the_stacks_container(tmp_path):
     started = runs("127.0.0.1")
     assert len(started) == 1 and "--web.listen-address=127.0.0.1:9090" in started[0], started
     assert runs("127.0.0.1") == []
+
+
+def test_the_unified_memory_guard_counts_the_kernels_whole_reserve(tmp_path):
+    """MemAvailable loses each zone's high watermark, min + 2 x max(min/4, MemTotal x watermark_scale_factor/10000),
+    not min_free_kbytes alone: 12 GiB of it on a 121 GiB GB10 at --mem-fraction-static 0.8 reserves 18 GiB, which
+    leaves no 8 GiB headroom."""
+    fake_kernel(tmp_path / "root", sshd_pid=4242, memtotal_kib=127_000_000)
+    result = role_here(tmp_path, "host_memory", fails=True, host_memory_unified_memory=True,
+                       dsaops_mem_fraction_static=0.8, host_memory_min_free_kbytes=12 * 1024 * 1024)
+    assert "On unified memory (GB10) vm.min_free_kbytes comes out of the memory SGLang sees" in result.stdout
+    assert not (tmp_path / "root/etc").exists()
+    role_here(tmp_path, "host_memory", host_memory_unified_memory=True, dsaops_mem_fraction_static=0.8)
