@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.parse
 import zipfile
 import zlib
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsaops import build_host, image_base, pins, wheel_tags
-from dsaops.cache import cache_dir
+from dsaops.cache import cache_dir, locked
 from dsaops.errors import UserError
 from dsaops.inventory_checks import ENV_NAME, IMAGE_REFERENCE
 
@@ -214,63 +215,94 @@ def sglang_wheel_for(target, pin: str) -> Path:
     """The pinned SGLang wheel for the target's Python and machine, downloaded once into the cache.
 
     The cache also holds the wheels other interpreters use (the tests take the host's): the choice
-    goes by the tags in the file names, never by which file a glob lists first."""
+    goes by the tags in the file names, never by which file a glob lists first. A cached wheel is
+    taken only whole (wheel_problem); a download lands beside it and moves in by rename, once whole."""
     machine = build_host.machine_of(target.platform)
     accepted = _image_tags(target)
     wheels = cache_dir("wheels")
-    found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)
-    if found is None:
-        _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
-             "--python-version", target.image_python, "--platform", f"manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]}_{machine}",
-             f"sglang=={pin}", "-d", str(wheels))
-        found = wheel_tags.best(wheels.glob(f"sglang-{pin}-*.whl"), accepted)
-    if found is None:
-        raise UserError(f"pip found no sglang {pin} wheel for CPython {target.image_python} on {machine}; "
-                        "pass --sglang-wheel FILE")
-    return found
+    pattern = f"sglang-{pin}-*.whl"
+    found = wheel_tags.best(wheels.glob(pattern), accepted)
+    if found is not None and not wheel_problem(found, target, pin):
+        return found
+    try:
+        with locked("wheels", ".sglang.lock"):
+            found = wheel_tags.best(wheels.glob(pattern), accepted)   # as another run may have left it
+            if found is not None and not (problem := wheel_problem(found, target, pin)):
+                return found
+            if found is not None:
+                if found.is_dir() and not found.is_symlink():
+                    raise UserError(f"{found} is a folder where the cache keeps a wheel: remove it")
+                print(f"dsaops image: {found}{problem}; downloading it again", file=sys.stderr)
+                found.unlink(missing_ok=True)
+            with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+                try:
+                    _pip("download", "-q", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
+                         "--python-version", target.image_python, "--platform",
+                         f"manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]}_{machine}", f"sglang=={pin}", "-d", tmp)
+                except subprocess.CalledProcessError:
+                    raise UserError(f"pip could not download sglang {pin} (above); reach a package index "
+                                    "(PIP_INDEX_URL) or pass --sglang-wheel FILE") from None
+                got = wheel_tags.best(Path(tmp).glob(pattern), accepted)
+                if got is None:
+                    raise UserError(f"pip found no sglang {pin} wheel for CPython {target.image_python} on {machine}; "
+                                    "pass --sglang-wheel FILE")
+                if problem := wheel_problem(got, target, pin):
+                    raise UserError(f"pip's download {got.name}{problem}; pass --sglang-wheel FILE")
+                os.replace(got, wheels / got.name)
+    except OSError as e:   # a read-only cache, a full disk, a folder under the wheel's name
+        raise UserError(f"cannot keep the sglang wheel in {wheels} ({e.strerror or e}): make it writable, "
+                        "set DSAOPS_CACHE to a folder you may write, or pass --sglang-wheel FILE") from None
+    return wheels / got.name
 
 
-def check_sglang_wheel(path: Path, target, pin: str, *, own_base: bool = False) -> Path:
-    """`path`, when it is the pinned SGLang wheel that the image's Python (`target`) installs; else a
-    UserError. The engine stage's pip refuses such a file only minutes into the build; its glob wants
-    sglang-PIN-*.whl. `own_base`: a --build-arg BASE_IMAGE, whose Python the table does not know, so
-    only the wheel's platform is checked."""
-    machine = build_host.machine_of(target.platform)
+def wheel_problem(path: Path, target, pin: str, *, own_base: bool = False) -> str:
+    """'' when `path` is the whole pinned SGLang wheel that the image's Python (`target`) installs,
+    else what is wrong, to follow its name (": no such file", " is sglang 0.5.1, not ..."). The
+    engine stage's pip refuses such a file only minutes into the build; its glob wants
+    sglang-PIN-*.whl. `own_base`: a --build-arg BASE_IMAGE, whose Python the table does not know,
+    so only the wheel's platform is checked."""
     python = "the base's CPython" if own_base else f"CPython {target.image_python}"
-    fix = (f"give the sglang {pin} wheel for {python} on {machine} "
-           f"(manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]} or older), or leave --sglang-wheel out to download it")
-    where = f"--sglang-wheel {path}"
     if not path.is_file():
-        raise UserError(f"{where}: no such file; {fix}")
+        return ": no such file"
     try:
         name, version, tags = wheel_tags.parse(path.name)
     except ValueError:
-        raise UserError(f"{where} is not a wheel's name (name-version[-build]-python-abi-platform.whl); {fix}") from None
+        return " is not a wheel's name (name-version[-build]-python-abi-platform.whl)"
     if (name, version) != ("sglang", pin):
-        raise UserError(f"{where} is {name} {version}, not sglang {pin}; {fix}")
+        return f" is {name} {version}, not sglang {pin}"
     accepted = _image_tags(target)
     # the platforms CPython takes on a machine are the same for every version
     fits = {t[2] for t in tags} & {t[2] for t in accepted} if own_base else tags & set(accepted)
     if not fits:
-        raise UserError(f"{where}: its tags {' '.join(sorted('-'.join(t) for t in tags))} do not install on {python} "
-                        f"on {machine}; {fix}")
+        return (f": its tags {' '.join(sorted('-'.join(t) for t in tags))} do not install on {python} "
+                f"on {build_host.machine_of(target.platform)}")
     try:
         with zipfile.ZipFile(path) as whl:
             metadata = [i for i in whl.infolist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", i.filename)]
             if len(metadata) != 1:
-                raise UserError(f"{where} holds {'no' if not metadata else len(metadata)} *.dist-info/METADATA, "
-                                f"a wheel holds one; {fix}")
+                return f" holds {'no' if not metadata else len(metadata)} *.dist-info/METADATA, a wheel holds one"
+            if bad := whl.testzip():   # a cut-short or damaged file: pip would find it out minutes into the build
+                return f": {bad} in it fails its checksum (a damaged file)"
             with whl.open(metadata[0]) as f:
                 head = f.read(METADATA_HEAD_BYTES)
     except zipfile.BadZipFile as e:
-        raise UserError(f"{where} is not a wheel: not a zip archive ({e}); {fix}") from None
+        return f" is not a wheel: not a zip archive ({e})"
     except (OSError, EOFError, RuntimeError, zlib.error) as e:   # RuntimeError: encrypted or unknown compression
-        raise UserError(f"{where}: cannot read its METADATA ({e}); {fix}") from None
+        return f": cannot read its METADATA ({e})"
     headers = email.parser.BytesHeaderParser().parsebytes(head)
     said = (str(headers.get("Name", "")).strip(), str(headers.get("Version", "")).strip())
     if (said[0].lower(), said[1]) != ("sglang", pin):   # pip's PEP 503 name compare, for a name with no -_.
-        raise UserError(f"{where}: its METADATA says {said[0] or 'no Name'} {said[1] or 'no Version'}, "
-                        f"its name sglang {pin}; {fix}")
+        return f": its METADATA says {said[0] or 'no Name'} {said[1] or 'no Version'}, its name sglang {pin}"
+    return ""
+
+
+def check_sglang_wheel(path: Path, target, pin: str, *, own_base: bool = False) -> Path:
+    """`path` (--sglang-wheel), when wheel_problem finds nothing wrong with it; else a UserError."""
+    if problem := wheel_problem(path, target, pin, own_base=own_base):
+        python = "the base's CPython" if own_base else f"CPython {target.image_python}"
+        raise UserError(f"--sglang-wheel {path}{problem}; give the sglang {pin} wheel for {python} on "
+                        f"{build_host.machine_of(target.platform)} (manylinux_{IMAGE_GLIBC[0]}_{IMAGE_GLIBC[1]} "
+                        "or older), or leave --sglang-wheel out to download it")
     return path
 
 
@@ -284,8 +316,6 @@ def source_files() -> list[str]:
 
 def build_wheel(dest: Path) -> Path:
     """The project's wheel, built from a clean copy of its sources (a stale build/ folder cannot leak in)."""
-    import tempfile
-
     # A fixed timestamp makes the wheel identical for identical sources, so Docker's layer cache holds.
     env = os.environ | {"SOURCE_DATE_EPOCH": _git("log", "-1", "--format=%ct") or "315532800"}
     with tempfile.TemporaryDirectory(prefix="dsaops-src-") as tmp:

@@ -21,7 +21,6 @@ inputs did not change is not rebuilt (its label `dsaops.standin.key`).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import os
 import shutil
@@ -32,7 +31,7 @@ import tomllib
 from pathlib import Path
 
 from dsaops import build_host, pins
-from dsaops.cache import cache_dir
+from dsaops.cache import cache_dir, locked
 from dsaops.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,14 +83,6 @@ def requirements() -> dict[str, list[str]]:
             "nvidia": [pins.requirement("tilelang"), *CUDA_WHEELS]}
 
 
-def _locked(name: str):
-    path = cache_dir("images", f".{name}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = open(path, "w")  # noqa: SIM115 (held until the caller's `with` ends)
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    return lock
-
-
 def _rootfs_tar() -> Path:
     return cache_dir("images", f"debian-{SUITE}-{'-'.join(DEBIAN_PACKAGES)}.tar")
 
@@ -105,7 +96,7 @@ def debian_rootfs() -> Path:
     """bookworm minbase + DEBIAN_PACKAGES, trimmed, as a tarball in the cache (debootstrap on first use;
     DSAOPS_DEBIAN_MIRROR names another mirror)."""
     cached = _rootfs_tar()
-    with _locked("debian"):
+    with locked("images", ".debian.lock"):
         if cached.is_file():
             return cached
         if not shutil.which("debootstrap") or os.geteuid() != 0:
@@ -150,7 +141,7 @@ def wheel_context(target) -> Path:
     wheels = context / "wheels"
     reqs = [r for group in requirements().values() for r in group]
     stamp = wheels / (".complete-" + hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:16])
-    with _locked("standin-wheels"):
+    with locked("images", ".standin-wheels.lock"):
         if not stamp.is_file():
             wheels.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheels), "--only-binary=:all:",

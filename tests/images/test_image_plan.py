@@ -17,6 +17,7 @@ from dsaops.errors import UserError
 from dsaops.image import build_wheel, dockerfile_args, plan, render, sglang_wheel_for, stage_context
 from dsaops.pins import SGLANG as SGLANG_PIN
 from tests.images.docker_build import REPO, copy_sources
+from tests.images.test_sglang_wheel_option import make_wheel
 
 TABLE = tomllib.loads((REPO / "dsaops" / "targets.toml").read_text())
 
@@ -273,7 +274,7 @@ def test_a_standin_plan_names_the_wheel_its_build_takes(name, tmp_path, monkeypa
     monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path))
     (tmp_path / "wheels").mkdir()
     for python in ("cp311", "cp312"):
-        (tmp_path / "wheels" / f"sglang-{SGLANG_PIN}-{python}-{python}-manylinux_2_34_{machine}.whl").touch()
+        make_wheel(tmp_path / "wheels", f"sglang-{SGLANG_PIN}-{python}-{python}-manylinux_2_34_{machine}.whl")
     p = plan(name, standin=True)
     staged = sglang_wheel_for(p.target, SGLANG_PIN)   # what `dsaops image build --base standin` stages
     assert staged == image_base.sglang_wheel(targets.get(name)) and staged.name.split("-")[2] == "cp311"

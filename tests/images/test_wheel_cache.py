@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -16,6 +17,7 @@ import dsaops.image
 from dsaops import targets
 from dsaops.errors import UserError
 from dsaops.pins import SGLANG
+from tests.images.test_sglang_wheel_option import RIGHT, make_wheel
 from tests.support import sglang_wheel
 
 MACHINE = os.uname().machine
@@ -61,7 +63,7 @@ def test_the_image_build_takes_the_targets_wheel_from_the_same_cache(tmp_path, m
     cached = [f"sglang-{SGLANG}-cp311-cp311-manylinux_2_34_x86_64.whl",     # what this machine's tests use
               f"sglang-{SGLANG}-cp312-cp312-manylinux_2_34_aarch64.whl"]    # what `make image ARCH=sm_121` left
     for name in cached:
-        (tmp_path / "wheels" / name).touch()
+        make_wheel(tmp_path / "wheels", name)
     downloads = []
     monkeypatch.setattr(dsaops.image, "_pip", lambda *args, **kw: downloads.append(args))
     assert dsaops.image.sglang_wheel_for(targets.get("sm_121"), SGLANG).name == cached[1]
@@ -72,3 +74,59 @@ def test_the_image_build_takes_the_targets_wheel_from_the_same_cache(tmp_path, m
     [args] = downloads
     assert args[args.index("--python-version") + 1] == "3.12"
     assert args[args.index("--platform") + 1] == "manylinux_2_34_x86_64"
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    """pip sees only a local folder (--find-links, no index) holding a small real sm_90 wheel; the cache is empty."""
+    links, cache = tmp_path / "links", tmp_path / "cache"
+    links.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("DSAOPS_CACHE", str(cache))
+    return make_wheel(links, RIGHT), cache / "wheels"
+
+
+def test_a_cut_short_cached_wheel_is_downloaded_again_not_staged(index, capsys):
+    whole, wheels = index
+    wheels.mkdir(parents=True)
+    (wheels / RIGHT).write_bytes(whole.read_bytes()[:-200])   # an interrupted copy under the final name
+    got = dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    assert got == wheels / RIGHT and got.read_bytes() == whole.read_bytes()
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"{wheels / RIGHT} is not a wheel" in line and "downloading it again" in line
+    assert sorted(p.name for p in wheels.iterdir()) == [".sglang.lock", RIGHT]   # no download folder left
+
+
+def test_a_damaged_download_is_refused_and_not_left_in_the_cache(index):
+    whole, wheels = index
+    with zipfile.ZipFile(whole, "a") as whl:
+        whl.writestr("sglang/kernel.py", "# a kernel\n" * 100, zipfile.ZIP_STORED)
+    data = bytearray(whole.read_bytes())
+    data[data.index(b"# a kernel")] ^= 1   # its checksum no longer matches
+    whole.write_bytes(data)
+    with pytest.raises(UserError, match=r"fails its checksum.*pass --sglang-wheel FILE"):
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    assert [p.name for p in wheels.iterdir()] == [".sglang.lock"]
+
+
+def test_a_folder_under_the_wheels_name_is_refused(index):
+    _, wheels = index
+    (wheels / RIGHT).mkdir(parents=True)
+    with pytest.raises(UserError, match=f"{wheels / RIGHT} is a folder where the cache keeps a wheel: remove it"):
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+
+
+@pytest.mark.parametrize("case", ["no index", "no cache folder"])
+def test_a_download_that_cannot_happen_is_one_line(index, monkeypatch, case):
+    whole, wheels = index
+    if case == "no index":
+        whole.unlink()
+        says = "pip could not download sglang"
+    else:
+        wheels.parent.mkdir()
+        wheels.write_text("")   # DSAOPS_CACHE/wheels is a file: nothing can be kept there
+        says = "cannot keep the sglang wheel in"
+    with pytest.raises(UserError, match=says) as e:
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    assert "\n" not in str(e.value)
