@@ -82,20 +82,30 @@ for path in sorted(Path(sys.argv[1]).rglob("*.so*")):
 EOF
 
 echo "== SGLang $sglang's tilelang_kernel.py"
-sglang_wheel=$(ls "${DSAOPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsaops}"/wheels/sglang-"$sglang"-*.whl 2>/dev/null | head -n1 || true)
-if [ -z "$sglang_wheel" ]; then
-  python3 -m pip download -q --no-deps "sglang==$sglang" -d "$work/sglang"
-  sglang_wheel=$(ls "$work"/sglang/sglang-"$sglang"-*.whl)
-fi
 kernel=sglang/kernels/ops/attention/dsa/tilelang_kernel.py
 mkdir -p "$stage/sgl/$(dirname "$kernel")"
-python3 - "$sglang_wheel" "$kernel" "$stage/sgl/$kernel" <<'EOF'
-import sys, zipfile
+baseline() {
+  python3 - "$1" "$kernel" "$stage/sgl/$kernel" <<'EOF'
+import sys, zipfile, zlib
 
 wheel, member, dest = sys.argv[1:]
-with zipfile.ZipFile(wheel) as z, open(dest, "wb") as f:
-    f.write(z.read(member))
+try:
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(member)  # checks the member's CRC
+except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+    sys.exit(f"offline-bundle.sh: {wheel}: no whole {member} in it ({e})")
+with open(dest, "wb") as f:
+    f.write(data)
 EOF
+}
+# The cached wheel (any platform's: the kernel is Python), else, when there is none or it is damaged, a download.
+shopt -s nullglob
+cached=("${DSAOPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsaops}"/wheels/sglang-"$sglang"-*.whl)
+shopt -u nullglob
+if [ ${#cached[@]} -eq 0 ] || ! baseline "${cached[0]}"; then
+  python3 -m pip download -q --no-deps "sglang==$sglang" -d "$work/sglang"
+  baseline "$(ls "$work"/sglang/sglang-"$sglang"-*.whl)"
+fi
 
 manifest="python $python_version $platform; tilelang $tilelang; sgl-flash-mla $flashmla; sglang $sglang; ${needs[*]}"
 echo "$manifest" > "$work/site/BUNDLE"

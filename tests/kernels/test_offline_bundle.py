@@ -105,3 +105,21 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, says):
                           check=False)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["cut short", "a folder"])
+def test_a_damaged_cached_sglang_wheel_is_passed_over_for_a_download(tmp_path, env, damage):
+    """The cache is reused, never required: a wheel cut short there (or a folder under its name) stopped
+    the bundle with a traceback; now it says so in one line and takes the wheel pip downloads."""
+    wheel(Path(env["PIP_FIND_LINKS"]), "sglang", pins.SGLANG, {KERNEL: "# the downloaded baseline\n"})
+    cached = next((Path(env["DSAOPS_CACHE"]) / "wheels").glob("sglang-*.whl"))
+    if damage == "cut short":
+        cached.write_bytes(cached.read_bytes()[:-30])
+    else:
+        cached.unlink()
+        cached.mkdir()
+    done = bundle(tmp_path / "out", env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "sgl" / KERNEL).read_text() == "# the downloaded baseline\n"
+    [line] = [line for line in done.stderr.splitlines() if str(cached) in line]
+    assert "no whole" in line and "Traceback" not in done.stderr
