@@ -16,8 +16,10 @@ gpu-bundle: ## build .devbundle/ for a GPU host without network (BUNDLE_PYTHON=3
 
 # Unpacks the bundle when TILELANG_SITE holds none or another one (BUNDLE names what is in it), beside
 # it first: the site is replaced whole (no files of an older bundle left), or, if the unpack fails, kept.
+# The site's parent folder is locked (flock), so a second make at once waits and finds the site unpacked.
 gpu-site:
 	@set -e; site='$(TILELANG_SITE:%/=%)'; \
+	if [ -f '$(TILELANG_BUNDLE)' ]; then mkdir -p "$$(dirname "$$site")"; exec 9<"$$(dirname "$$site")"; flock 9; fi; \
 	if [ -f '$(TILELANG_BUNDLE)' ] && ! cmp -s '$(BUNDLE_DIR)/BUNDLE' "$$site/BUNDLE"; then \
 	  rmdir "$$site" 2>/dev/null || true; \
 	  if [ -e "$$site" ] && [ ! -f "$$site/BUNDLE" ]; then \

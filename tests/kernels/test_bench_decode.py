@@ -6,6 +6,7 @@ GPU: tests/benchmarks/test_run_info.py). The benchmark's numbers are measured on
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -251,3 +252,27 @@ def test_a_new_bundle_replaces_the_unpacked_site_whole(tmp_path):
     make_bundle("v4", "v4.py")
     done = gpu_site()
     assert done.returncode != 0 and "TILELANG_SITE" in done.stderr and (site / "new.py").exists()
+
+
+def test_two_makes_at_once_unpack_the_site_once_and_whole(tmp_path):
+    """Two `make test-gpu` at once on one host: both unpacked into the one site.partial and one removed
+    the site the other had just moved in, leaving none or a part of it while make said it was done."""
+    import tarfile
+
+    repo = Path(__file__).parents[2]
+    bundle, site, stage = tmp_path / "bundle", tmp_path / "site", tmp_path / "stage" / "site"
+    (stage / "pkg").mkdir(parents=True)
+    for i in range(3000):   # enough files that the two unpacks overlap
+        (stage / "pkg" / f"m{i}.py").write_text("")
+    (stage / "BUNDLE").write_text("v1")
+    bundle.mkdir()
+    (bundle / "BUNDLE").write_text("v1")
+    with tarfile.open(bundle / "site.tar.xz", "w:xz") as tar:
+        tar.add(stage, arcname="site")
+    make = ["make", "-s", "-C", str(repo), "gpu-site", f"BUNDLE_DIR={bundle}", f"TILELANG_SITE={site}"]
+    for _ in range(3):
+        shutil.rmtree(site, ignore_errors=True)
+        runs = [subprocess.Popen(make, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        assert [(r.wait(timeout=60), r.stderr.read()) for r in runs] == [(0, ""), (0, "")]
+        assert len(list((site / "pkg").iterdir())) == 3000 and (site / "BUNDLE").read_text() == "v1"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "site", "stage"]
