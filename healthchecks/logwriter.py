@@ -4,7 +4,8 @@ The image's entrypoint pipes SGLang's output through it: every byte goes to stan
 (`docker logs`) and is appended to FILE. When FILE would pass `max_bytes`, it is renamed at a
 line boundary to FILE.1 (FILE.1 to FILE.2, … up to FILE.KEEP, the oldest dropped) and a new
 FILE is started. Renaming, not copying and truncating, loses no line, and a follower that keeps
-the old file open reads it to its end before it moves on to the new one.
+the old file open reads it to its end before it moves on to the new one. A FILE deleted or renamed
+by someone else is started anew at the next write.
 
 It ignores SIGTERM and SIGINT and ends when its input does, so SGLang's last lines (its
 shutdown) are written; a write that fails (a full disk) is said once a minute and the output
@@ -45,6 +46,15 @@ class RotatingFile:
             self.fd = None
             self._complain("cannot open", e)
 
+    def _moved(self) -> bool:
+        """FILE is no longer the file open here (deleted, renamed away, its folder gone)."""
+        try:
+            named = os.stat(self.path)
+        except OSError:
+            return True
+        own = os.fstat(self.fd)
+        return (named.st_dev, named.st_ino) != (own.st_dev, own.st_ino)
+
     def _append(self, data: bytes) -> None:
         while data and self.fd is not None:
             try:
@@ -68,6 +78,9 @@ class RotatingFile:
         self._open()
 
     def write(self, data: bytes) -> None:
+        if self.fd is not None and self._moved():  # lines written to a file gone from FILE reach no follower
+            self.close()
+            self._open()
         if self.fd is None:
             if time.monotonic() < self._next_open:
                 return

@@ -44,3 +44,26 @@ def test_bad_settings_are_one_line_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dsaops", "log-writer", str(tmp_path / "x"), "--keep", "0"],
                        capture_output=True, text=True, timeout=30, input="", check=False)
     assert r.returncode == 2 and "DSAOPS_LOG_KEEP" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_log_deleted_or_renamed_away_is_started_anew_at_its_path(tmp_path):
+    """An admin's `rm` or a rename-style logrotate: the lines after it land at FILE, where the follower
+    looks, not in the old file until the next rotation (256 MiB later)."""
+    log = tmp_path / "sglang.log"
+    proc = writer(log)
+    try:
+        proc.stdin.write(b"first\n")
+        proc.stdin.flush()
+        assert wait_for(lambda: log.exists() and log.read_text() == "first\n", 10)
+        log.unlink()
+        proc.stdin.write(b"after rm\n")
+        proc.stdin.flush()
+        assert wait_for(lambda: log.exists() and log.read_text() == "after rm\n", 5)
+        log.rename(tmp_path / "sglang.log.old")
+        proc.stdin.write(b"after mv\n")
+        proc.stdin.flush()
+        assert wait_for(lambda: log.exists() and log.read_text() == "after mv\n", 5)
+        assert (tmp_path / "sglang.log.old").read_text() == "after rm\n"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
