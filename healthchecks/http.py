@@ -1,15 +1,16 @@
 """The exporter's HTTP side: /metrics (a fresh registry per scrape) and a small index page.
 
-Bounded: a connection gets a worker thread only once its request has started to arrive (idle
-connections wait in one selector, costing no thread), at most `workers` requests are handled at
-once, a connection that sends nothing for `idle_timeout` seconds is closed, a request must be read
-whole within `read_timeout` seconds of a worker taking it (however slowly its bytes come), and
-past `max_connections` open connections the oldest idle one is dropped for the newcomer. A flood
-of idle or slow sockets thus holds a bounded number of threads, each for a bounded time, and a
-scrape still gets a worker.
+Bounded: a connection gets a worker thread only once its whole request has arrived (one thread
+reads what arrives of every connection's request, at most `MAX_REQUEST` bytes, in one selector),
+at most `workers` requests are handled at once, a connection that sends nothing for `idle_timeout`
+seconds is closed, so is one whose request has not arrived whole `read_timeout` seconds after its
+first byte, and past `max_connections` open connections the oldest one still waiting for its
+request is dropped for the newcomer. A flood of idle or slow sockets thus holds no worker, and a
+scrape still gets one.
 """
 from __future__ import annotations
 
+import io
 import selectors
 import socket
 import threading
@@ -19,22 +20,24 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from dsaops import fetch
-
 INDEX = b"""<html><head><title>dsaops exporter</title></head>
 <body><h1>dsaops exporter</h1><p><a href="/metrics">Metrics</a></p></body></html>"""
 WORKERS = 4
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 5.0
+MAX_REQUEST = 64 << 10      # a scrape's request line and headers are a few hundred bytes
 
 
 class _Handler(WSGIRequestHandler):
+    def __init__(self, request, client_address, server, head: bytes):
+        self.head = head
+        super().__init__(request, client_address, server)
+
     def setup(self):
         super().setup()
         self.rfile.close()
-        # one deadline for the whole request: a client dripping it a byte at a time must not hold a worker
-        self.rfile = fetch.reader(self.connection, time.monotonic() + self.server.read_timeout)
+        self.rfile = io.BytesIO(self.head)  # read whole before a worker took it: no worker waits for a client
 
     def log_message(self, *args):  # one line per scrape is noise in the server's log
         pass
@@ -51,7 +54,8 @@ class BoundedServer(WSGIServer):
         self.idle_timeout, self.read_timeout, self.max_connections = idle_timeout, read_timeout, max_connections
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="exporter-http")
         self._idle = selectors.DefaultSelector()
-        self._since: dict[socket.socket, float] = {}    # idle connections, oldest first
+        # connections whose request has not arrived whole, oldest first: [deadline, what arrived]
+        self._waiting: dict[socket.socket, list] = {}
         # A byte on _wake ends the waiting thread's select at once, so a new connection waits for nothing.
         self._wake, self._waker = socket.socketpair()
         self._wake.setblocking(False)
@@ -66,18 +70,19 @@ class BoundedServer(WSGIServer):
     def process_request(self, request, client_address):
         """On the accepting thread: park the connection until its request arrives."""
         with self._lock:
-            if len(self._since) + self._busy >= self.max_connections:
-                if not self._since:
+            if len(self._waiting) + self._busy >= self.max_connections:
+                if not self._waiting:
                     self.shutdown_request(request)      # every connection is being answered: refuse
                     return
-                self._forget(next(iter(self._since)), close=True)
-            self._since[request] = time.monotonic()
+                self._forget(next(iter(self._waiting)), close=True)
+            request.setblocking(False)
+            self._waiting[request] = [time.monotonic() + self.idle_timeout, bytearray()]
             self._idle.register(request, selectors.EVENT_READ, client_address)
         self._waker.send(b"\0")
 
     def _forget(self, conn: socket.socket, close: bool) -> None:
         self._idle.unregister(conn)
-        del self._since[conn]
+        del self._waiting[conn]
         if close:
             self.shutdown_request(conn)
 
@@ -89,13 +94,33 @@ class BoundedServer(WSGIServer):
                 for key, _ in ready:
                     if key.fileobj is self._wake:
                         self._drain_wake()
-                    elif key.fileobj in self._since:
-                        self._forget(key.fileobj, close=False)
-                        self._busy += 1
-                        self._pool.submit(self._answer, key.fileobj, key.data)
-                for conn, since in list(self._since.items()):
-                    if now - since > self.idle_timeout:
+                    elif key.fileobj in self._waiting:
+                        self._receive(key.fileobj, key.data, now)
+                for conn, (deadline, _) in list(self._waiting.items()):
+                    if now > deadline:
                         self._forget(conn, close=True)
+
+    def _receive(self, conn: socket.socket, client_address, now: float) -> None:
+        """Reads what arrived of conn's request; hands the request to a worker once it is whole."""
+        waiting = self._waiting[conn]
+        head = waiting[1]
+        try:
+            data = conn.recv(MAX_REQUEST + 1 - len(head))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:     # reset by the client
+            data = b""
+        if not data or len(head) + len(data) > MAX_REQUEST:
+            self._forget(conn, close=True)
+            return
+        if not head:
+            waiting[0] = now + self.read_timeout
+        tail = max(len(head) - 3, 0)    # look for the blank line in the new bytes only: a drip costs no rescans
+        head += data
+        if head.find(b"\r\n\r\n", tail) >= 0 or head.find(b"\n\n", tail) >= 0:
+            self._forget(conn, close=False)
+            self._busy += 1
+            self._pool.submit(self._answer, conn, client_address, bytes(head))
 
     def _drain_wake(self) -> None:
         try:
@@ -104,11 +129,11 @@ class BoundedServer(WSGIServer):
         except BlockingIOError:
             pass
 
-    def _answer(self, conn: socket.socket, client_address) -> None:
+    def _answer(self, conn: socket.socket, client_address, head: bytes) -> None:
         try:
-            conn.settimeout(self.read_timeout)
-            self.finish_request(conn, client_address)
-        except OSError:      # the client went away or timed out mid-request
+            conn.settimeout(self.read_timeout)     # bounds the answer's writes to a client that reads nothing
+            self.RequestHandlerClass(conn, client_address, self, head)
+        except OSError:      # the client went away or timed out mid-answer
             pass
         finally:
             self.shutdown_request(conn)
@@ -120,7 +145,7 @@ class BoundedServer(WSGIServer):
         super().server_close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            for conn in list(self._since):
+            for conn in list(self._waiting):
                 self._forget(conn, close=True)
         self._waker.send(b"\0")       # the waiting thread sees _closed and ends
         self._waiter.join(timeout=2)

@@ -16,7 +16,7 @@ import urllib.request
 from wsgiref.simple_server import WSGIServer, make_server
 
 import pytest
-from dsaops.healthchecks.http import WORKERS, app, serve
+from dsaops.healthchecks.http import MAX_REQUEST, WORKERS, app, serve
 
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
@@ -122,6 +122,33 @@ def test_requests_dripped_a_byte_at_a_time_hold_no_worker_past_the_read_timeout(
     finally:
         stop.set()
         for s in dripping:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_requests_started_on_every_connection_hold_no_worker_and_a_scrape_still_answers():
+    """As many connections as the server keeps, each a request's first byte and no more: none may
+    take a worker (or the scrape waits out their read timeouts), and the scrape makes room."""
+    server = serve(_Exporter(), "127.0.0.1", 0, workers=2, max_connections=8, read_timeout=5.0)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = connect_many(port, 8)
+    try:
+        for s in started:
+            s.sendall(b"G")
+        time.sleep(0.3)
+        assert scrape(port, timeout=3) == b"dsa_test_up 1\n"   # not refused, not after 5 s
+        oversized = socket.create_connection(("127.0.0.1", port), timeout=3)
+        started.append(oversized)
+        try:
+            oversized.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"x" * MAX_REQUEST + b"\r\n\r\n")
+            answer = oversized.recv(100)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""                       # closed: the waiting thread holds no more than MAX_REQUEST
+    finally:
+        for s in started:
             s.close()
         server.shutdown()
         server.server_close()
