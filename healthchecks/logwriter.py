@@ -27,6 +27,7 @@ class RotatingFile:
         self.path, self.max_bytes, self.keep = path, max_bytes, keep
         self.fd: int | None = None
         self.size = 0
+        self.mid_line = False   # the file ends inside a line: a rotation must wait for its end
         self._said = -SAY_EVERY_S
         self._next_open = 0.0
         self._open()
@@ -42,6 +43,7 @@ class RotatingFile:
         try:
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self.size = os.fstat(self.fd).st_size
+            self.mid_line = False
         except OSError as e:
             self.fd = None
             self._complain("cannot open", e)
@@ -63,9 +65,11 @@ class RotatingFile:
                 self._complain("cannot write", e)
                 return
             self.size += n
+            self.mid_line = data[n - 1:n] != b"\n"
             data = data[n:]
 
-    def _rotate(self) -> None:
+    def _rotate(self) -> bool:
+        """Whether FILE was renamed; FILE is open again either way."""
         os.close(self.fd)
         self.fd = None
         try:
@@ -73,9 +77,12 @@ class RotatingFile:
                 if os.path.exists(f"{self.path}.{i}"):
                     os.replace(f"{self.path}.{i}", f"{self.path}.{i + 1}")
             os.replace(self.path, f"{self.path}.1")
+            renamed = True
         except OSError as e:
             self._complain("cannot rotate", e)
+            renamed = False
         self._open()
+        return renamed
 
     def write(self, data: bytes) -> None:
         if self.fd is not None and self._moved():  # lines written to a file gone from FILE reach no follower
@@ -86,16 +93,19 @@ class RotatingFile:
                 return
             self._open()
         while self.fd is not None and self.size + len(data) > self.max_bytes:
-            # rotate between lines: after the last one that fits, else after the first one
-            cut = data.rfind(b"\n", 0, max(self.max_bytes - self.size, 0)) + 1 or data.find(b"\n") + 1
-            if not cut:  # no line ends here: go on unless one line has taken twice the limit
-                if self.size < 2 * self.max_bytes:
-                    break
-                cut = len(data)
+            # rotate between lines: after the last one that fits, else before the next one, else (an empty
+            # file, or a line begun in it) after the first one
+            cut = data.rfind(b"\n", 0, max(self.max_bytes - self.size, 0)) + 1
+            if not cut and (self.mid_line or not self.size):
+                cut = data.find(b"\n") + 1
+                if not cut:  # no line ends here: go on unless one line has taken twice the limit
+                    if self.size < 2 * self.max_bytes:
+                        break
+                    cut = len(data)
             self._append(data[:cut])
             data = data[cut:]
-            if self.fd is not None:
-                self._rotate()
+            if self.fd is not None and not self._rotate():
+                break
         self._append(data)
 
     def close(self) -> None:

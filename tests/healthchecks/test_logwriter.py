@@ -5,6 +5,8 @@ import signal
 import subprocess
 import sys
 
+from dsaops.healthchecks.logwriter import RotatingFile
+
 from tests.support.polling import wait_for
 
 
@@ -67,3 +69,16 @@ def test_a_log_deleted_or_renamed_away_is_started_anew_at_its_path(tmp_path):
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def test_lines_written_one_at_a_time_never_take_a_file_past_the_limit(tmp_path):
+    """As SGLang writes: one line a write. A line that does not fit starts the next file."""
+    log = tmp_path / "sglang.log"
+    out = RotatingFile(str(log), 4096, 3)
+    lines = [f"line {i:05d} " + "x" * 88 + "\n" for i in range(200)]   # 100 bytes each
+    for line in lines:
+        out.write(line.encode())
+    out.close()
+    files = [log.with_name(f"sglang.log.{i}") for i in (3, 2, 1)] + [log]
+    assert [f.stat().st_size for f in files] == [4000] * 4            # 40 whole lines each
+    assert "".join(lines).endswith("".join(f.read_text() for f in files))
