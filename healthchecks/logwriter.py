@@ -8,8 +8,8 @@ the old file open reads it to its end before it moves on to the new one. A FILE 
 by someone else is started anew at the next write.
 
 It ignores SIGTERM and SIGINT and ends when its input does, so SGLang's last lines (its
-shutdown) are written; a write that fails (a full disk) is said once a minute and the output
-still reaches standard output.
+shutdown) are written; a write that fails (a full disk) or would wait (a FIFO at FILE) is said
+once a minute and the output still reaches standard output.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ class RotatingFile:
     def _open(self) -> None:
         self._next_open = time.monotonic() + 10
         try:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # O_NONBLOCK: a FIFO put at FILE would otherwise hold the open, and SGLang's output, until read
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
             self.size = os.fstat(self.fd).st_size
             self.mid_line = False
         except OSError as e:

@@ -1,6 +1,7 @@
 """`dsaops log-writer`: the image's own rotation, as a real process fed through a pipe."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -82,3 +83,17 @@ def test_lines_written_one_at_a_time_never_take_a_file_past_the_limit(tmp_path):
     files = [log.with_name(f"sglang.log.{i}") for i in (3, 2, 1)] + [log]
     assert [f.stat().st_size for f in files] == [4000] * 4            # 40 whole lines each
     assert "".join(lines).endswith("".join(f.read_text() for f in files))
+
+
+def test_a_fifo_at_the_log_path_never_blocks_the_server_output(tmp_path):
+    """Opening a FIFO for writing waits for a reader: the writer would stop reading SGLang's output,
+    and SGLang would block once the pipe is full."""
+    log = tmp_path / "sglang.log"
+    os.mkfifo(log)
+    proc = writer(log)
+    try:
+        out, err = proc.communicate(b"x" * 99 + b"\n" + b"y" * (1 << 20), timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and len(out) == 100 + (1 << 20)   # all of it echoed, none held
+    assert "cannot open" in err.decode()
