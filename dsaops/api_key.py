@@ -3,7 +3,7 @@
 A key is read from a file, never taken on a command line, where `ps` shows it to every user of
 the machine. The playbooks keep the cluster's key beside the inventory
 (`<inventory>.secrets/api-key`, mode 0600) and put a copy on each node for the exporter. SGLang
-leaves /health and /metrics open, so health checks need no key.
+leaves /health, /health_generate, /ready and /metrics open, so health checks need no key.
 """
 from __future__ import annotations
 
