@@ -7,9 +7,8 @@ leaves /health, /health_generate, /ready and /metrics open, so health checks nee
 """
 from __future__ import annotations
 
-import os
-
 from dsaops.errors import UserError
+from dsaops.plan_input import open_no_wait
 
 KEY_MOST_CHARS = 4096   # a key is tens of characters; reading stops here (/dev/zero, a wrong file)
 
@@ -20,16 +19,15 @@ def read(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        # opening a pipe without a writer waits for one; opened non-blocking it reads as empty
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), encoding="utf-8") as f:
-            os.set_blocking(f.fileno(), True)
-            key = f.read(KEY_MOST_CHARS + 1)
+        with open_no_wait(path) as f:
+            raw = f.read(KEY_MOST_CHARS + 1)
+        if len(raw) > KEY_MOST_CHARS:
+            raise UserError(f"--api-key-file {path} holds more than {KEY_MOST_CHARS} characters: give the file "
+                            "that holds the server's API key alone")
+        key = raw.decode()
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
         raise UserError(f"--api-key-file {path}: {why}; give a file that holds the server's API key") from None
-    if len(key) > KEY_MOST_CHARS:
-        raise UserError(f"--api-key-file {path} holds more than {KEY_MOST_CHARS} characters: give the file that "
-                        "holds the server's API key alone")
     key = key.strip()
     if not key:
         raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")

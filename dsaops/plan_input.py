@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from dsaops.errors import UserError
@@ -80,11 +81,18 @@ def parse_json(text: str | bytes):
         raise ValueError("it nests deeper than the parser follows") from None
 
 
+def open_no_wait(path: str | Path):
+    """open(path, "rb") that does not wait for a FIFO's writer (one without reads as empty)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(fd, True)   # a pipe that has its writer is then read as it comes
+    return open(fd, "rb")
+
+
 def read_text(path: str | Path, what: str, *, fix: str, error: type[Exception] = UserError) -> str:
     """The UTF-8 text of the file at `path`, read to at most JSON_MOST_BYTES; else `error` ending in `fix`."""
     where = f"{what} {path}"
     try:
-        with open(path, "rb") as f:
+        with open_no_wait(path) as f:
             data = f.read(JSON_MOST_BYTES + 1)
     except IsADirectoryError:
         raise error(f"{where} is a directory: {fix}") from None

@@ -25,6 +25,8 @@ import threading
 from dsaops.healthchecks.loop import BackgroundLoop
 from dsaops.healthchecks.metrics import ErrorCounts
 
+from dsaops.plan_input import open_no_wait
+
 VERSION = 1
 MAX_BYTES = 16 << 20
 
@@ -41,8 +43,7 @@ class StateKeeper(BackgroundLoop):
         """Take the file back into the parts; False (and nothing changed) when there is none or
         it is unusable."""
         try:
-            # O_NONBLOCK: a FIFO at the path would wait for a writer, and the exporter with it
-            with open(self.path, "rb", opener=lambda path, flags: os.open(path, flags | os.O_NONBLOCK)) as f:
+            with open_no_wait(self.path) as f:   # a FIFO there would hold the exporter's start
                 if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                     raise OSError("not a regular file")
                 raw = f.read(MAX_BYTES + 1)

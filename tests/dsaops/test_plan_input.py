@@ -307,3 +307,20 @@ def test_any_arguments_end_in_a_plan_or_one_line(tmp_path_factory):
     check()
     # both sides of the space are reached: plans made and inputs refused
     assert outcomes.count(0) >= 40 and outcomes.count(2) >= 40, (outcomes.count(0), outcomes.count(2))
+
+
+def test_a_fifo_without_a_writer_is_read_as_empty_not_waited_on(tmp_path):
+    """A verdict, plan or model config path that is a FIFO nobody writes: one error, no wait."""
+    import os
+    import threading
+
+    fifo = tmp_path / "verdict.json"
+    os.mkfifo(fifo)
+    raised = []
+    reader = threading.Thread(target=lambda: raised.append(pytest.raises(UserError, plan_input.read_json, fifo,
+                                                                         "selftest verdict", fix="run it again")),
+                              daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "read_json waited on the FIFO for a writer"
+    assert "is not JSON" in str(raised[0].value)
