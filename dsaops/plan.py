@@ -36,8 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--nodes", type=count, required=True)
     p.add_argument("--gpus-per-node", type=count, required=True)
     p.add_argument("--tp-size", type=count, required=True)
-    p.add_argument("--dp-size", type=count, default=1, help="data-parallel replicas (with --enable-dp-attention: "
-                   "the attention-DP size, SGLang's deprecated spelling)")
+    p.add_argument("--dp-size", type=count, default=1, help="data-parallel replicas (with --enable-dp-attention and "
+                   "no --attn-dp-size above 1: the attention-DP size, SGLang's deprecated spelling)")
     p.add_argument("--enable-dp-attention", action="store_true", help="deprecated: use --attn-dp-size")
     p.add_argument("--attn-dp-size", type=count, default=None, help="attention-DP groups inside the TP group")
     p.add_argument("--kv-cache-dtype", required=True, choices=["bf16", "bfloat16", "fp8_e4m3"])
@@ -85,7 +85,7 @@ class PlanRequest:
     model: str | None = None                 # a preset; None with model_config None: glm-5.3-flash
     model_config: str | None = None          # a config.json instead of a preset
     dp_size: int = 1
-    enable_dp_attention: bool = False        # SGLang's deprecated spelling: dp_size is then the attention-DP size
+    enable_dp_attention: bool = False        # deprecated spelling: with attn_dp_size 1, dp_size is the attention-DP size
     attn_dp_size: int | None = None
     dsa_prefill_backend: str | None = None   # None: what SGLang picks for the target and KV dtype
     dsa_decode_backend: str | None = None
@@ -278,9 +278,9 @@ def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: 
 
 def _parallelism(req: PlanRequest) -> Parallel:
     # parallel_hook.py handle_deprecated_dp_attention: `--dp-size N --enable-dp-attention`
-    # means attn_dp_size = N, dp_size = 1.
+    # means attn_dp_size = N, dp_size = 1, unless --attn-dp-size is wider than 1.
     attn_dp, dp = req.attn_dp_size or 1, req.dp_size
-    if req.enable_dp_attention and req.attn_dp_size is None:
+    if req.enable_dp_attention and attn_dp == 1:
         attn_dp, dp = req.dp_size, 1
     if attn_dp < 1 or req.tp_size % attn_dp:
         raise UserError(f"the attention-DP size ({attn_dp}) must divide --tp-size ({req.tp_size})")

@@ -344,3 +344,28 @@ def test_activation_estimate_is_handle_gpu_memory_settings():
     assert f"activation_tokens = max(cfg.chunked_prefill_size, {kv_budget.ACTIVATION_MIN_TOKENS})" in code
     assert kv_budget.activation_gib(4096) == (512 + 1.5 * 4096) / 1024
     assert kv_budget.activation_gib(1024) == kv_budget.activation_gib(2048)   # SGLang counts at least 2048
+
+
+def test_deprecated_dp_attention_resolves_as_handle_deprecated_dp_attention():
+    """`--dp-size N --enable-dp-attention`, with `--attn-dp-size` unset, 1 or wider: the plan's
+    attention-DP groups and replicas, and node_ranks' rank count, are what the pinned hook resolves."""
+    from dsaops import node_ranks, plan
+
+    def declare(args, _name, **fields):
+        vars(args).update(fields)
+
+    ns = {"resolving_view": lambda args: args, "declare_resolution": declare}
+    resolve = define("srt/arg_groups/parallel_hook.py", "handle_deprecated_dp_attention", ns)
+    for dp, attn, enabled in itertools.product((1, 2, 8), (None, 1, 2, 8), (False, True)):
+        sglang = NS(dp_size=dp, attn_dp_size=attn or 1, enable_dp_attention=enabled)
+        resolve(sglang)
+        if 8 % sglang.attn_dp_size:
+            continue
+        req = plan.PlanRequest(target="sm_90", nodes=1, gpus_per_node=8 * sglang.dp_size, tp_size=8,
+                               kv_cache_dtype="bf16", mem_fraction_static=0.8, gpu_memory_gib=140, dp_size=dp,
+                               enable_dp_attention=enabled, attn_dp_size=attn)
+        par = plan._parallelism(req)
+        assert (par.attn_dp_size, par.dp_size) == (sglang.attn_dp_size, sglang.dp_size), (dp, attn, enabled)
+        argv = ["--tp-size", "8", "--dp-size", str(dp), *(["--attn-dp-size", str(attn)] if attn else []),
+                *(["--enable-dp-attention"] if enabled else [])]
+        assert node_ranks.ranks_per_node(argv) == 8 * sglang.dp_size, argv
