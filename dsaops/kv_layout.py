@@ -93,10 +93,13 @@ def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool, n
         raise BackendRefused(MIXED_TILELANG_REFUSAL)
 
 
-def kv_layout(kv_dtype: str, b: Backends, *, hip: bool, nope_q8: bool) -> str:
-    """calculate_mla_kv_cache_dim (patched): bf16 | raw_fp8 (unscaled rows) | scaled_fp8 (+ per-128 scales)."""
+def kv_layout(kv_dtype: str, b: Backends, *, hip: bool, nope_q8: bool, fp8_dtype: str) -> str:
+    """calculate_mla_kv_cache_dim (patched): bf16 | raw_fp8 (unscaled rows) | scaled_fp8 (+ per-128 scales).
+    `fp8_dtype`: the torch dtype fp8_e4m3 stores as on the target (targets.toml fp8_dtype)."""
     if kv_dtype == "bf16":
         return "bf16"
+    if fp8_dtype != "float8_e4m3fn":  # SGLang scales float8_e4m3fn rows only: gfx942's e4m3fnuz stays raw
+        return "raw_fp8"
     chosen = {b.prefill, b.decode}
     if "trtllm" in chosen:
         return "raw_fp8"

@@ -191,7 +191,7 @@ def make_plan(req: PlanRequest) -> Plan:
         kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"), nope_q8=nope_q8)
     except kv_layout.BackendRefused as e:
         raise UserError(f"SGLang refuses this launch at startup: {e}") from None
-    layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8)
+    layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8, fp8_dtype=target.fp8_dtype)
 
     pre_load, free, source, assumptions = _free_memory(req, target, model, par)
     running = req.max_running_requests

@@ -189,7 +189,8 @@ def layout_of(dtype: str, prefill: str | None, decode: str | None) -> str:
     # only, and q8 prefill with tilelang decode is admitted only over the raw NoPE pool.
     hip = "fnuz" in dtype or bool({prefill, decode} & {"triton", "aiter"})
     return kv_layout("fp8_e4m3", Backends(prefill, decode, defaulted=False), hip=hip,
-                     nope_q8=(prefill, decode) == (Q8_PREFILL, "tilelang"))
+                     nope_q8=(prefill, decode) == (Q8_PREFILL, "tilelang"),
+                     fp8_dtype="float8_e4m3fnuz" if "fnuz" in dtype else "float8_e4m3fn")
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,10 @@ def test_default_backends_and_layouts_per_target(capsys):
     assert (sm90["kv_layout"], sm90["kv_bytes_per_token"], sm90["dsa_decode_backend"]) == ("scaled_fp8", 7_260, "flashmla_kv")
     assert (gfx["kv_layout"], gfx["kv_storage_dtype"], gfx["dsa_decode_backend"]) == ("raw_fp8", "float8_e4m3fnuz", "triton")
     assert any("DSA backends not given" in w for w in sm90["warnings"])
+    # the pair SGLang scales on CUDA stays raw on MI300X: SGLang scales float8_e4m3fn rows only
+    pair = ["--dsa-prefill-backend", "flashmla_sparse", "--dsa-decode-backend", "flashmla_kv"]
+    gfx_pair = plan(["--target", "gfx942", *common, *pair], capsys)
+    assert (gfx_pair["kv_layout"], gfx_pair["kv_bytes_per_token"]) == ("raw_fp8", 7_084)
 
 
 def test_q8_prefill_only_where_the_target_has_it(capsys):

@@ -74,8 +74,10 @@ def test_resolve_matches_resolve_max_num_reqs():
         assert ours.effective_per_dp == resolve_max(kvc, tokens), (requested, dp, tokens, mamba)
 
 
-@pytest.mark.parametrize("hip", [False, True])
-def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
+@pytest.mark.parametrize("hip, fp8", [(False, torch.float8_e4m3fn), (True, torch.float8_e4m3fn),
+                                       (True, torch.float8_e4m3fnuz)], ids=["cuda", "gfx950", "gfx942"])
+def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip, fp8):
+    """Row widths per backend pair; fp8_e4m3 stores as gfx942's float8_e4m3fnuz on ROCm (kv_cache_dtype.py)."""
     pool = {"DSATokenToKVPool": NS(**{k: value("srt/mem_cache/memory_pool.py", f"DSATokenToKVPool.{k}", {"torch": torch})
                                       for k in ("quant_block_size", "rope_storage_dtype")})}
     ns = {"is_deepseek_dsa": lambda _: True, "get_disagg": lambda: NS(disaggregation_mode="null"),
@@ -85,9 +87,10 @@ def test_kv_layout_matches_calculate_mla_kv_cache_dim(hip):
     backends = ("tilelang", "flashmla_sparse", "flashmla_kv", "fa3", "trtllm", "triton", "aiter")
     for kv, (prefill, decode) in itertools.product(("bf16", "fp8_e4m3"), itertools.product(backends, repeat=2)):
         ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
-        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+        dtype = torch.bfloat16 if kv == "bf16" else fp8
         sglang_bytes = dim_of(model_config=model, kv_cache_dtype=dtype) * dtype.itemsize
-        layout = kv_layout.kv_layout(kv, kv_layout.Backends(prefill, decode, False), hip=hip, nope_q8=False)
+        layout = kv_layout.kv_layout(kv, kv_layout.Backends(prefill, decode, False), hip=hip, nope_q8=False,
+                                     fp8_dtype=str(fp8).removeprefix("torch."))
         assert GLM.attention_bytes_per_layer(layout) == sglang_bytes, (kv, prefill, decode)
 
 
@@ -176,7 +179,7 @@ def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
         assert sglang is None or sglang.startswith(ours), (prefill, decode)
         if sglang is None:
             ns["get_exec"] = lambda p=prefill, d=decode: NS(kernel=NS(dsa_prefill_backend=p, dsa_decode_backend=d))
-            layout = kv_layout.kv_layout("fp8_e4m3", b, hip=False, nope_q8=nope_q8)
+            layout = kv_layout.kv_layout("fp8_e4m3", b, hip=False, nope_q8=nope_q8, fp8_dtype="float8_e4m3fn")
             assert geometry.attention_bytes_per_layer(layout) == dim_of(model_config=model,
                                                                         kv_cache_dtype=torch.float8_e4m3fn)
             admitted_q8 += prefill == "flashmla_sparse_q8" and decode == "tilelang"

@@ -131,6 +131,7 @@ def test_layouts():
     assert layout_of("fp8_e4m3", "flashmla_sparse", "flashmla_kv") == "scaled_fp8"
     assert layout_of("fp8_e4m3", "trtllm", "trtllm") == "raw_fp8"
     assert layout_of("torch.float8_e4m3fnuz", "aiter", "aiter") == "raw_fp8"
+    assert layout_of("torch.float8_e4m3fnuz", "flashmla_sparse", "flashmla_kv") == "raw_fp8"  # gfx942 never scales
     assert layout_of("fp8_e4m3", "triton", "triton") == "raw_fp8"  # /server_info alone on ROCm
     assert layout_of("torch.bfloat16", None, None) == "bf16"
     assert layout_of("torch.float8_e4m3fn", None, None) == "unknown"
