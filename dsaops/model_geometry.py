@@ -36,6 +36,9 @@ _GLM5_NEXT_DEFAULTS = {
     "index_topk_freq": 1,
 }
 _GLM5_NEXT_ARCH = "Glm5NextForConditionalGeneration"
+# The DSA architectures in model_config.py's multimodal_model_archs: SGLang reserves multimodal memory for
+# them (ModelConfig.is_multimodal) whether or not the config carries a vision_config
+MULTIMODAL_DSA_ARCHS = ("Dots3NoteForCausalLM", "PixtralForConditionalGeneration", _GLM5_NEXT_ARCH)
 
 
 class ModelConfigError(UserError, ValueError):
@@ -219,11 +222,19 @@ def from_config(raw: dict, *, name: str) -> ModelGeometry:
         linear_num_heads=_linear_size(cfg, "num_heads", "linear_num_heads") if linear else 0,
         linear_head_dim=_linear_size(cfg, "head_dim", "linear_head_dim") if linear else 0,
         linear_conv_kernel=_linear_size(cfg, "short_conv_kernel_size", "linear_conv_kernel_dim") if linear else 0,
-        multimodal=_typed(meta, "multimodal", bool, "true or false", "vision_config" in raw),
+        multimodal=_typed(meta, "multimodal", bool, "true or false", _multimodal(raw, arch)),
         checkpoint_gib=(None if meta.get("checkpoint_gib") is None else plan_input.number(
             meta["checkpoint_gib"], _key("_dsaops.checkpoint_gib"), most=plan_input.GIB_MOST, error=ModelConfigError)),
         checkpoint_gib_basis=_typed(meta, "checkpoint_gib_basis", str, "text", ""),
     )
+
+
+def _multimodal(raw: dict, arch: str) -> bool:
+    """ModelConfig.is_multimodal: a multimodal architecture or a text_config sub-config (hf_config is
+    not hf_text_config), unless the checkpoint declares itself language_model_only."""
+    if _typed(raw, "language_model_only", bool, "true or false", False):
+        return False
+    return arch in MULTIMODAL_DSA_ARCHS or raw.get("text_config") is not None
 
 
 def _linear_layers(cfg: dict, arch: str, num_layers: int) -> tuple[int, ...]:

@@ -199,6 +199,21 @@ def test_model_config_file(tmp_path, capsys):
     assert "index_topk" in refused([*args, "--model-config", str(tmp_path / "dense.json")], capsys)
 
 
+def test_a_glm5_next_config_without_vision_config_keeps_the_multimodal_reservation(tmp_path, capsys):
+    """SGLang counts Glm5NextForConditionalGeneration multimodal by its architecture (is_multimodal_model),
+    so the config needs no vision_config for the 100 MB reservation; language_model_only drops it."""
+    raw = {k: v for k, v in json.loads((model_geometry.MODELS_DIR / "glm-5.3-flash.json").read_text()).items()
+           if k != "_dsaops"}
+    args = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    preset = plan(args, capsys)["memory"]["rest_gib"]
+    rest = {}
+    for name, extra in (("flat", {}), ("lm_only", {"language_model_only": True})):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**raw, **extra}))
+        rest[name] = plan([*args, "--model-config", str(tmp_path / f"{name}.json")], capsys)["memory"]["rest_gib"]
+    assert "vision_config" not in raw and rest["flat"] == preset
+    assert rest["lm_only"] == pytest.approx(preset + kv_budget.VLM_CACHE_MB / 1024, abs=0.002)
+
+
 def test_console_script_prints_the_table():
     out = subprocess.run([sys.executable, "-m", "dsaops", "plan", *H20, "--attn-dp-size", "8", "--kv-cache-dtype",
                           "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5", "--max-running-requests", "8"],

@@ -372,3 +372,24 @@ def test_deprecated_dp_attention_resolves_as_handle_deprecated_dp_attention():
         argv = ["--tp-size", "8", "--dp-size", str(dp), *(["--attn-dp-size", str(attn)] if attn else []),
                 *(["--enable-dp-attention"] if enabled else [])]
         assert node_ranks.ranks_per_node(argv) == 8 * sglang.dp_size, argv
+
+
+def test_multimodal_dsa_architectures_are_sglangs():
+    """Among the architectures is_deepseek_dsa names, the ones is_multimodal_model (pinned) counts as
+    multimodal, whose memory reservation SGLang takes out of the KV budget with or without a vision_config."""
+    import ast
+
+    from tests.support.sglang_definitions import source_file
+
+    mc = "srt/configs/model_config.py"
+    fn = next(n for n in ast.walk(ast.parse(source_file(mc).read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "is_deepseek_dsa")
+    dsa = {c.value for n in ast.walk(fn) if isinstance(n, ast.Tuple) for c in n.elts if isinstance(c, ast.Constant)}
+    ns = {"multimodal_model_archs": value(mc, "multimodal_model_archs",
+                                          {"MIMO_V2_MULTIMODAL_ARCHS": value(mc, "MIMO_V2_MULTIMODAL_ARCHS")})}
+    is_multimodal = define(mc, "is_multimodal_model", ns)
+    assert "GlmMoeDsaForCausalLM" in dsa
+    raw = {k: v for k, v in json_preset().items() if k != "_dsaops"}
+    for arch in sorted(dsa):
+        geometry = model_geometry.from_config({**raw, "architectures": [arch]}, name="t")
+        assert geometry.multimodal == is_multimodal([arch]), arch
