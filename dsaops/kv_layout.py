@@ -64,7 +64,7 @@ def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, 
     """_dsa_split_backend_resolution's defaults for the sides the user left unset."""
     if hip:
         default_prefill = default_decode = "triton"
-    elif architecture == _GLM_SM12_FP8_ARCH and sm_major == 12 and kv_dtype == "fp8_e4m3":
+    elif skips_backend_check(kv_dtype, hip=hip, sm_major=sm_major, architecture=architecture):
         default_prefill = default_decode = "flashinfer_sparse_mla"
     elif kv_dtype == "fp8_e4m3":
         default_prefill = default_decode = "trtllm" if sm_major >= 10 else "flashmla_kv"
@@ -73,18 +73,27 @@ def resolve_backends(kv_dtype: str, prefill: str | None, decode: str | None, *, 
     return Backends(prefill or default_prefill, decode or default_decode, defaulted=not (prefill and decode))
 
 
+def skips_backend_check(kv_dtype: str, *, hip: bool, sm_major: int, architecture: str) -> bool:
+    """is_glm_sm12_fp8: _dsa_split_backend_resolution returns before _check_dsa_backend_constraints."""
+    return architecture == _GLM_SM12_FP8_ARCH and sm_major == 12 and kv_dtype == "fp8_e4m3" and not hip
+
+
 def q8_raw_nope(b: Backends, *, kv_lora_rank: int, qk_rope_head_dim: int) -> bool:
     """The patched `is_q8_raw_fp8_nope_layout`: q8 prefill and tilelang decode share raw NoPE rows."""
     return kv_lora_rank == 512 and qk_rope_head_dim == 0 and (b.prefill, b.decode) == (Q8_PREFILL, "tilelang")
 
 
-def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool, nope_q8: bool) -> None:
+def check_backends(kv_dtype: str, b: Backends, *, hip: bool, q8_prefill: bool, nope_q8: bool,
+                   skipped: bool) -> None:
     """_check_dsa_backend_constraints, with the dsaops q8 pairing admitted where the target has
-    q8_prefill and the model is NoPE MLA (`nope_q8`: q8_raw_nope for this model)."""
+    q8_prefill and the model is NoPE MLA (`nope_q8`: q8_raw_nope for this model). `skipped`
+    (skips_backend_check): only the q8 rule, which the patched backend also checks at startup."""
     chosen = {b.prefill, b.decode}
     if Q8_PREFILL in chosen and (b.prefill != Q8_PREFILL or not q8_prefill):
         where = "as the prefill backend" if b.prefill == Q8_PREFILL else "as a prefill backend only"
         raise BackendRefused(f"{Q8_PREFILL} runs on SM90 targets only, {where} (targets with the q8_prefill feature)")
+    if skipped:
+        return
     if not hip and "triton" in chosen:
         raise BackendRefused(ROCM_ONLY_REFUSAL)
     if hip or kv_dtype != "fp8_e4m3" or "tilelang" not in chosen:
@@ -108,3 +117,13 @@ def kv_layout(kv_dtype: str, b: Backends, *, hip: bool, nope_q8: bool, fp8_dtype
     if (b.prefill, b.decode) == ("tilelang", "tilelang") or nope_q8:
         return "raw_fp8"
     return "scaled_fp8"
+
+
+def check_rows(b: Backends, layout: str) -> None:
+    """dsaops' own refusal: TileLang reads raw fp8 rows only (the patched _validate_raw_fp8_kv_rows
+    refuses scaled ones at the first request); SGLang's boot check stops this pairing first except
+    where skips_backend_check."""
+    if layout == "scaled_fp8" and "tilelang" in (b.prefill, b.decode):
+        raise BackendRefused(f"SGLang starts prefill={b.prefill} decode={b.decode} here (GLM-5 fp8 KV on SM12x "
+                             "skips its backend check) but pools scaled fp8 rows the tilelang side cannot read; set "
+                             "--dsa-prefill-backend tilelang --dsa-decode-backend tilelang, or use --kv-cache-dtype bf16")

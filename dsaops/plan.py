@@ -183,15 +183,21 @@ def make_plan(req: PlanRequest) -> Plan:
         kv_layout.check_backend_names(req.dsa_prefill_backend, req.dsa_decode_backend)
     except kv_layout.BackendRefused as e:
         raise UserError(str(e)) from None
+    sm_major = int(target.compute_capability.split(".")[0] or 0)
     backends = kv_layout.resolve_backends(kv_dtype, req.dsa_prefill_backend, req.dsa_decode_backend, hip=hip,
-                                          sm_major=int(target.compute_capability.split(".")[0] or 0),
-                                          architecture=model.architecture)
+                                          sm_major=sm_major, architecture=model.architecture)
     nope_q8 = kv_layout.q8_raw_nope(backends, kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim)
+    skipped = kv_layout.skips_backend_check(kv_dtype, hip=hip, sm_major=sm_major, architecture=model.architecture)
     try:
-        kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"), nope_q8=nope_q8)
+        kv_layout.check_backends(kv_dtype, backends, hip=hip, q8_prefill=target.has("q8_prefill"), nope_q8=nope_q8,
+                                 skipped=skipped)
     except kv_layout.BackendRefused as e:
         raise UserError(f"SGLang refuses this launch at startup: {e}") from None
     layout = kv_layout.kv_layout(kv_dtype, backends, hip=hip, nope_q8=nope_q8, fp8_dtype=target.fp8_dtype)
+    try:
+        kv_layout.check_rows(backends, layout)
+    except kv_layout.BackendRefused as e:
+        raise UserError(f"dsaops refuses this launch: {e}") from None
 
     pre_load, free, source, assumptions = _free_memory(req, target, model, par)
     running = req.max_running_requests

@@ -157,6 +157,22 @@ def test_mixed_tilelang_fp8_is_refused_with_sglangs_message(capsys):
     assert "requires both DSA backends to be tilelang" in err and "Traceback" not in err
 
 
+def test_glm5_fp8_on_gb10_is_planned_where_sglang_skips_its_check(tmp_path, capsys):
+    """GLM-5 fp8 on SM12x skips SGLang's backend check (is_glm_sm12_fp8): tilelang beside trtllm shares
+    raw rows and is planned; beside flashinfer_sparse_mla its rows are scaled, which dsaops refuses as its own."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 78, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "index_head_dim": 128, "index_topk": 2048, "max_position_embeddings": 202752}))
+    args = ["--target", "sm_121", "--nodes", "1", "--gpus-per-node", "1", "--tp-size", "1", "--kv-cache-dtype",
+            "fp8_e4m3", "--mem-fraction-static", "0.9", "--gpu-memory-gib", "119", "--free-memory-gib", "60",
+            "--model-config", str(tmp_path / "config.json"), "--dsa-prefill-backend", "tilelang"]
+    raw = plan([*args, "--dsa-decode-backend", "trtllm"], capsys)
+    assert (raw["kv_layout"], raw["dsa_decode_backend"]) == ("raw_fp8", "trtllm")
+    err = refused([*args, "--dsa-decode-backend", "flashinfer_sparse_mla"], capsys)
+    assert err.startswith("dsaops plan: dsaops refuses this launch:") and "SGLang refuses" not in err
+    assert "scaled fp8 rows" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("bad, says", [
     (["--gpus-per-node", "4"], "make them agree"),
     (["--attn-dp-size", "3"], "must divide --tp-size"),

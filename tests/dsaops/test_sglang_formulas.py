@@ -108,7 +108,7 @@ def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
             sglang = str(e)
         try:
             kv_layout.check_backends(kv_layout.normalize_kv_dtype(kv), kv_layout.Backends(prefill, decode, False),
-                                     hip=hip, q8_prefill=True, nope_q8=False)
+                                     hip=hip, q8_prefill=True, nope_q8=False, skipped=False)
             ours = None
         except kv_layout.BackendRefused as e:
             ours = str(e)
@@ -120,11 +120,12 @@ def test_refusals_match_check_dsa_backend_constraints(hip, monkeypatch):
 @pytest.mark.parametrize("arch", ["Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM", "DeepseekV32ForCausalLM"])
 def test_default_backends_match_dsa_split_backend_resolution(arch, monkeypatch):
     """The backends SGLang picks for the sides left unset, per architecture, SM major and KV dtype
-    (GLM-5 fp8 on SM12x gets flashinfer_sparse_mla, a scaled layout)."""
+    (GLM-5 fp8 on SM12x gets flashinfer_sparse_mla, a scaled layout), and where it skips its backend check."""
     ov = "srt/arg_groups/overrides.py"
     fake_modules(monkeypatch, {"sglang.srt.configs.model_config": {"is_deepseek_dsa": lambda c: True}})
+    checked = []
     ns = {"logger": logging.getLogger("sglang-lifted"), "_DEEPSEEK_FAMILY_ARCHS": value(ov, "_DEEPSEEK_FAMILY_ARCHS"),
-          "_check_dsa_backend_constraints": lambda *a, **k: None,   # refusals: test_refusals_match_...
+          "_check_dsa_backend_constraints": lambda *a, **k: checked.append(a),   # refusals: test_refusals_match_...
           "model_config_of": lambda view: NS(hf_config=NS(architectures=[arch])),
           "get_platform": lambda: NS(is_npu=False, is_xpu=False, is_hip=False)}
     pick = define(ov, "_dsa_split_backend_resolution", ns)
@@ -132,10 +133,14 @@ def test_default_backends_match_dsa_split_backend_resolution(arch, monkeypatch):
                                                           ((None, None), ("tilelang", None), (None, "tilelang"))):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, m=major: (m, 0))
         view = NS(kv_cache_dtype=kv, dsa_prefill_backend=prefill, dsa_decode_backend=decode, enable_hisparse=False)
+        checked.clear()
         sglang = {"dsa_prefill_backend": prefill, "dsa_decode_backend": decode, **pick(view)}
         ours = kv_layout.resolve_backends(kv_layout.normalize_kv_dtype(kv), prefill, decode, hip=False,
                                           sm_major=major, architecture=arch)
         assert (ours.prefill, ours.decode) == (sglang["dsa_prefill_backend"], sglang["dsa_decode_backend"]), (major, kv)
+        skipped = kv_layout.skips_backend_check(kv_layout.normalize_kv_dtype(kv), hip=False, sm_major=major,
+                                                architecture=arch)
+        assert skipped == (not checked), (major, kv)
 
 
 def patched_check(root, monkeypatch):
@@ -171,7 +176,7 @@ def test_patched_refusals_and_layouts_match(patched_root, rope, monkeypatch):
         except ValueError as e:
             sglang = str(e)
         try:
-            kv_layout.check_backends("fp8_e4m3", b, hip=False, q8_prefill=True, nope_q8=nope_q8)
+            kv_layout.check_backends("fp8_e4m3", b, hip=False, q8_prefill=True, nope_q8=nope_q8, skipped=False)
             ours = None
         except kv_layout.BackendRefused as e:
             ours = str(e)
