@@ -8,12 +8,14 @@ setting to add. The arguments are read as SGLang reads them: its `--config` YAML
 the command line (dsaops/sglang_config.py), and argparse's unique prefixes, so an argument of four
 characters or more that begins --host or --port counts as that option (--ho is --host; --api, --api-key).
 SGLang bound beyond loopback with no `--api-key` is refused unless DSAOPS_ALLOW_NO_API_KEY=1: its
-routes would answer anyone who reaches it (the admin key alone guards the admin routes only).
+routes would answer anyone who reaches it (the admin key alone guards the admin routes only). A --host
+name counts as every address it resolves to (SGLang may bind any): loopback only when each is.
 """
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import sys
 
 from dsaops.cli_args import digits
@@ -38,15 +40,22 @@ def _given(args: list[str]):
             want = option
 
 
+def _addresses(name: str) -> set:
+    """What SGLang's server may bind for `name` (asyncio's create_server binds every address it resolves
+    to): an address stands for itself, a name for what the resolver gives; none when it gives none."""
+    try:
+        return {ipaddress.ip_address(info[4][0])
+                for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+    except (OSError, UnicodeError, ValueError):
+        return set()
+
+
 def _reaches(bound: str, host: str) -> bool:
     """Whether SGLang bound to `bound` answers at `host`: 0.0.0.0 and :: include loopback; an
-    address otherwise answers there only (compared as addresses: IPv6 has many spellings)."""
+    address or a name otherwise answers at what it resolves to (IPv6 has many spellings)."""
     if bound in ("", "0.0.0.0", "::", host):
         return True
-    try:
-        return ipaddress.ip_address(bound) == ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
+    return bool(_addresses(bound) & _addresses(host.strip("[]")))
 
 
 def _same_port(given: str, port: str) -> bool:
@@ -55,13 +64,12 @@ def _same_port(given: str, port: str) -> bool:
 
 
 def _loopback(bound: str | None) -> bool:
-    """Whether SGLang bound there answers this machine only (None: SGLang's default, 127.0.0.1)."""
-    if bound is None or bound == "localhost":
+    """Whether SGLang bound there answers this machine only (None: SGLang's default, 127.0.0.1): a
+    name such as localhost only when every address it resolves to is loopback."""
+    if bound is None:
         return True
-    try:
-        return ipaddress.ip_address(bound).is_loopback
-    except ValueError:
-        return False
+    addresses = _addresses(bound)
+    return bool(addresses) and all(address.is_loopback for address in addresses)
 
 
 def check(host: str, port: str, argv: list[str], allow_no_key: bool = False) -> str | None:

@@ -4,6 +4,7 @@ test_image_build.py."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +19,14 @@ from tests.images.docker_build import REPO
 from tests.support import sglang_definitions
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
+from tests.support.prerequisites import need
 
 ENTRYPOINT = REPO / "images" / "entrypoint.sh"
 HERE = Path(__file__).parent
 
 
-def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
+def start(tmp_path: Path, *args: str, wrap: tuple[str, ...] = (), **env: str) -> subprocess.Popen:
+    """The entrypoint with args, its environment updated by env; wrap: a command line it runs under."""
     environ = os.environ | {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3 and dsaops of this venv
         "PYTHONPATH": str(HERE),
@@ -31,7 +34,7 @@ def start(tmp_path: Path, *args: str, **env: str) -> subprocess.Popen:
         "DSAOPS_LOG_FILE": str(tmp_path / "log" / "sglang.log"),
         "DSAOPS_EXPORTER": "0",
     } | env
-    return subprocess.Popen([str(ENTRYPOINT), *args], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen([*wrap, str(ENTRYPOINT), *args], env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
 
@@ -351,6 +354,9 @@ def test_a_network_address_without_an_api_key_is_refused(tmp_path, args, env):
     (["--config", "{}"], "host: '::'\napi-key: k\n"),
     (["--host", "0.0.0.0", "--api", "k"], ""),               # argparse's abbreviation of --api-key
     (["--host", "127.0.0.1"], ""),
+    (["--host", "localhost"], ""),                          # a name: what it resolves to, here 127.0.0.1
+    (["--host", "LOCALHOST"], ""),
+    (["--config", "{}"], "host: localhost\n"),
     (["--host", "0.0.0.0", "--config", "{}"], "port: [8000\n"),   # a file SGLang refuses: it stops there
 ])
 def test_a_network_address_with_an_api_key_or_loopback_starts(tmp_path, args, text):
@@ -358,3 +364,22 @@ def test_a_network_address_with_an_api_key_or_loopback_starts(tmp_path, args, te
     proc = start(tmp_path, "--model-path", "/m", *args, STANDIN_EXIT="0")
     assert proc.wait(timeout=30) == 0, proc.stderr.read()
     assert "standin pid=" in log_of(tmp_path)
+
+
+def test_a_name_is_loopback_only_when_all_its_addresses_are(tmp_path):
+    """SGLang's server binds every address its --host resolves to: a name that resolves to loopback and
+    to a network address serves that network. Run with an /etc/hosts of the test's own (a mount namespace)."""
+    unshare = ["unshare", "--mount"] + (["--map-root-user"] if os.geteuid() else [])
+    need(shutil.which("unshare") is not None
+         and subprocess.run([*unshare, "true"], capture_output=True, check=False).returncode == 0,
+         "a mount namespace (root, or unprivileged user namespaces) for `unshare --mount`")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost both\n10.0.0.5 both\n127.0.0.1 loop\n::1 loop\n")
+    wrap = (*unshare, "sh", "-c", f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh")
+    proc = start(tmp_path, "--model-path", "/m", "--host", "both", wrap=wrap)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert "--host both serves beyond this machine with no API key" in err and err.count("\n") == 1, err
+    proc = start(tmp_path, "--model-path", "/m", "--host", "loop", STANDIN_EXIT="0", wrap=wrap)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+    assert "args=--model-path /m --host loop --port 30000\n" in log_of(tmp_path)
