@@ -108,7 +108,7 @@ def build() -> dict:
         .mappings(up_words).thresholds(up_steps).color_mode("background").no_value("no data").reduce_options(last))
     dash = dash.with_panel(
         stat.Panel().title("Scheduler ranks down").datasource(ref).span(6).height(5)
-        .description("Ranks whose process died and has not come back (dsa_worker_up 0)")
+        .description("Ranks whose process died and has not come back, or is stopped (dsa_worker_up 0)")
         .with_target(query(f"count by (node) (dsa_worker_up{{{N}}} == 0) "
                            f"or on (node) (0 * count by (node) (dsa_worker_up{{{N}}}))", "{{node}}"))
         .mappings(words((0, "all up", GREEN))).thresholds(steps((None, GREEN), (1, RED))).color_mode("background")
@@ -126,7 +126,7 @@ def build() -> dict:
     dash = dash.with_panel(deaths)
     dash = dash.with_panel(
         statetimeline.Panel().title("Worker ranks").datasource(ref).span(12).height(7)
-        .description("Each scheduler rank's process: up, or down after it died (until its server restarts)")
+        .description("Each scheduler rank's process: up, or down after it died (until its server restarts) or while it is stopped")
         .with_target(query(f"dsa_worker_up{{{N}}}", "{{node}} {{rank}}"))
         .mappings(up_words).thresholds(up_steps))
     dash = dash.with_panel(timeseries_panel(

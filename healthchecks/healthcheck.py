@@ -19,9 +19,11 @@ def live_ranks() -> list[str]:
     import psutil
     from dsaops.healthchecks.processes import COMM_PREFIX, rank_of_title
 
+    # a stopped rank (SIGSTOP, or held by a tracer) hangs its server as a dead one does
+    not_running = {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD, psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}
     ranks = []
     for p in psutil.process_iter(["name", "status", "cmdline"]):
-        if (p.info["name"] or "").startswith(COMM_PREFIX) and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if (p.info["name"] or "").startswith(COMM_PREFIX) and p.info["status"] not in not_running:
             rank = rank_of_title(" ".join(p.info["cmdline"] or []))
             if rank is not None:
                 ranks.append(rank)

@@ -12,6 +12,8 @@ start time (clock ticks since boot), so a reused pid is another process. Run in 
 namespace beside the server's container, the watcher also reads each scheduler's pid inside
 that container (NSpid), which is the pid SGLang's log lines name.
 
+A rank whose process is stopped (SIGSTOP, or held by a tracer) is `dsa_worker_up` 0 while it stays
+so, and 1 again once it runs: not a death, but a hung rank a worker node's /health does not show.
 A rank that vanishes (or turns zombie) is `dsa_worker_up` 0 at once; whether it died is settled:
 - the watchdog's "crashed" line names its pid: a death, at once;
 - within `grace` seconds the log may still say so; after that, a clean-stop line
@@ -60,6 +62,7 @@ class ProcStat:
     state: str          # "live" | "zombie" | "gone"
     ticks: str          # start time in clock ticks since boot
     exit_code: int | None  # a zombie's exit status as multiprocessing reports it (-N: signal N); None unseen
+    halted: bool = False   # live but stopped (T: SIGSTOP; t: held by a tracer): it runs nothing
 
 
 def read_stat(proc_root: str, pid: int) -> ProcStat:
@@ -74,7 +77,7 @@ def read_stat(proc_root: str, pid: int) -> ProcStat:
     if len(fields) < 20:
         return ProcStat(comm, "gone", "", None)
     if fields[0] not in "ZX":
-        return ProcStat(comm, "live", fields[19], None)
+        return ProcStat(comm, "live", fields[19], None, fields[0] in "Tt")
     code = None
     if len(fields) >= 50 and fields[49].lstrip("-").isdigit() and _status_visible(proc_root, pid):
         status = int(fields[49])
@@ -170,6 +173,7 @@ class ProcessWatcher(BackgroundLoop):
         self._oom_counts: dict[str, int | None] = {}   # cgroup -> oom_kill at the last poll
         self._oom_grew_at: dict[str, float] = {}       # cgroup -> when that count last grew
         self.live: dict[int, Scheduler] = {}
+        self._halted: set[int] = set()                 # pids of live ranks seen stopped at the last poll
         self._vanished: list[_Vanished] = []
         self._lock = threading.Lock()
         self._up: dict[str, int] = {}                  # rank -> 1 alive / 0 not (cleanly stopped ranks leave)
@@ -188,19 +192,27 @@ class ProcessWatcher(BackgroundLoop):
     def poll(self) -> None:
         now = time.monotonic()
         if now >= self._next_scan:
-            seen = self._scan()
+            seen, halted = self._scan()
             self._next_scan = now + self.scan_interval
         else:  # between scans only the known ranks are checked: a death is still seen within a poll
-            seen = {pid: s for pid, s in self.live.items() if self._still_runs(s)}
+            seen, halted = {}, set()
+            for pid, sched in self.live.items():
+                stat = read_stat(self.proc_root, pid)
+                if stat.state == "live" and stat.ticks == sched.ticks:
+                    seen[pid] = sched
+                    if stat.halted:
+                        halted.add(pid)
         gone = [s for pid, s in self.live.items() if pid not in seen]
         with self._lock:
+            self._halted = halted
             for pid, sched in seen.items():
                 if pid not in self.live:
                     self.live[pid] = sched
-                    self._up[sched.rank] = 1
                     self._dead.discard(sched.rank)
                     for cause in CAUSES:
                         self._deaths.setdefault((sched.rank, cause), 0)
+            for rank in {s.rank for s in self.live.values()}:
+                self._up[rank] = int(self._carried(rank))
             for sched in gone:
                 del self.live[sched.pid]
                 self._vanish(sched, now)
@@ -213,13 +225,9 @@ class ProcessWatcher(BackgroundLoop):
             if not pending:
                 self._last_vanish.clear()
 
-    def _still_runs(self, sched: Scheduler) -> bool:
-        stat = read_stat(self.proc_root, sched.pid)
-        return stat.state == "live" and stat.ticks == sched.ticks
-
     def _carried(self, rank: str) -> bool:
-        """A live process runs `rank` (a restarted server's, when an earlier one vanished)."""
-        return any(s.rank == rank for s in self.live.values())
+        """A live process, not stopped, runs `rank` (a restarted server's, when an earlier one vanished)."""
+        return any(s.rank == rank and s.pid not in self._halted for s in self.live.values())
 
     def _vanish(self, sched: Scheduler, now: float) -> None:
         """(under the lock) The process is gone or a zombie: the rank is down unless another
@@ -231,10 +239,10 @@ class ProcessWatcher(BackgroundLoop):
         if not self._carried(sched.rank):
             self._up[sched.rank] = 0
 
-    def _scan(self) -> dict[int, Scheduler]:
-        """Every process whose comm says scheduler; /proc/PID/stat alone for the rest (psutil
-        for every process costs about 1% of a core at one poll a second)."""
-        seen, containers = {}, None
+    def _scan(self) -> tuple[dict[int, Scheduler], set[int]]:
+        """Every process whose comm says scheduler, and which of them are stopped; /proc/PID/stat
+        alone for the rest (psutil for every process costs about 1% of a core at one poll a second)."""
+        seen, halted, containers = {}, set(), None
         for entry in os.scandir(self.proc_root):
             if not entry.name.isdigit():
                 continue
@@ -242,6 +250,8 @@ class ProcessWatcher(BackgroundLoop):
             stat = read_stat(self.proc_root, pid)
             if stat.state != "live" or not stat.comm.startswith(COMM_PREFIX):
                 continue
+            if stat.halted:
+                halted.add(pid)
             known = self.live.get(pid)
             if known and known.ticks == stat.ticks:
                 seen[pid] = known
@@ -267,7 +277,7 @@ class ProcessWatcher(BackgroundLoop):
                 if cid in groups:
                     sched.container, sched.container_started = name, started_at
             seen[pid] = sched
-        return seen
+        return seen, halted
 
     def _containers(self) -> dict[str, tuple[str, str]]:
         """name -> (Id, StartedAt) of the watched containers that answer."""
@@ -445,7 +455,8 @@ class WorkerCollector:
 
     def collect(self):
         up_now, deaths = self.watcher.snapshot()
-        up = self.f.gauge("dsa_worker_up", "1 while the scheduler rank's process lives, 0 after it died", ("rank",))
+        up = self.f.gauge("dsa_worker_up", "1 while the scheduler rank's process runs, 0 after it died or while it is stopped",
+                          ("rank",))
         for rank, v in sorted(up_now.items()):
             up.add(v, rank)
         died = self.f.counter("dsa_worker_deaths_total", "Scheduler ranks that died while their server ran, by cause",

@@ -1,14 +1,18 @@
 """`dsaops healthcheck`: non-zero within 5 s when /health fails or hangs, or a rank is missing."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 
+import psutil
 import pytest
 
+from tests.support.polling import wait_for
 from tests.support.ports import free_port
 
 TITLES = [f"sglang::scheduler_TP{i}" for i in range(2)]
@@ -49,6 +53,26 @@ def test_missing_rank_fails_even_when_health_says_200(fake_server, launcher):
     launcher(TITLES)
     code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "3")
     assert code == 1 and "2 of 3 scheduler ranks" in out, out
+
+
+def test_a_stopped_rank_fails_and_passes_again_once_it_runs(fake_server, launcher):
+    """A rank stopped (SIGSTOP) hangs the server while its process stays: not alive to the check."""
+    lch = launcher(TITLES)
+    os.kill(lch.pids[1], signal.SIGSTOP)
+    code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "2")
+    assert code == 1 and "1 of 2 scheduler ranks alive on this node (TP0)" in out, out
+    os.kill(lch.pids[1], signal.SIGCONT)
+    code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "2")
+    assert code == 0, out
+
+
+def test_a_zombie_rank_fails(fake_server, launcher):
+    """A worker node's launcher joins its ranks in order: one dead after the first stays a zombie."""
+    lch = launcher(TITLES, "--join-in-order")
+    os.kill(lch.pids[1], signal.SIGKILL)
+    assert wait_for(lambda: psutil.Process(lch.pids[1]).status() == psutil.STATUS_ZOMBIE, 5)
+    code, out, _ = healthcheck("--server-url", fake_server.url, "--expect-ranks", "2")
+    assert code == 1 and "1 of 2 scheduler ranks alive on this node (TP0)" in out, out
 
 
 def test_bad_input_is_a_clear_error():

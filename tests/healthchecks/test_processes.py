@@ -248,6 +248,20 @@ def test_a_zombies_exit_status_is_the_cause(watched, launcher):
     assert wait_for(lambda: deaths(watched) == {("TP2", "sigsegv"): 1}, 5), deaths(watched)
 
 
+def test_a_stopped_rank_is_down_while_stopped_and_no_death(watched, launcher):
+    """SIGSTOP hangs the rank (its siblings wait in NCCL) with its process still there: dsa_worker_up 0,
+    DsaWorkerRankDown's series, until it runs again; no death is counted."""
+    lch = launcher(TITLES[:3])
+    assert ranks_up(watched, lch)
+    os.kill(lch.pids[1], signal.SIGSTOP)
+    assert wait_for(lambda: watched.snapshot()[0] == {"TP0": 1, "TP1": 0, "TP2": 1}, 3), watched.snapshot()[0]
+    wait_for(lambda: False, 1.5)  # past a scan and the grace
+    assert watched.snapshot()[0]["TP1"] == 0 and lch.pids[1] in watched.live
+    os.kill(lch.pids[1], signal.SIGCONT)
+    assert wait_for(lambda: watched.snapshot()[0] == {"TP0": 1, "TP1": 1, "TP2": 1}, 3), watched.snapshot()[0]
+    assert deaths(watched) == {}
+
+
 def test_a_rank_that_exits_0_alone_is_no_death(watched, launcher):
     lch = launcher(TITLES[:3], "--join-in-order")
     assert ranks_up(watched, lch)
