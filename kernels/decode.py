@@ -182,9 +182,9 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
     q [S, H, d_v + d_tail] bf16 (fp8 accepted; fp16, fp32 rounded to bf16), kv [slots, 1, d_v + d_tail]
     raw fp8 (one row a token), indices [S, 1, topk] int32 (-1 = masked; values must be < slots). Returns out
     [S, H, d_v] bf16, and lse [S, H] fp32 (natural log; -inf for an all-masked row, whose output
-    is zeros) when return_lse. q enters the QK^T product at bf16's precision: the kernel scales each
-    head's q by a power of two and splits it into two e4m3 halves whose sum is q exactly
-    (kernels/q_halves.py), two fp8 products into one accumulator.
+    is zeros) when return_lse; S = 0 returns them empty, with no launch. q enters the QK^T product
+    at bf16's precision: the kernel scales each head's q by a power of two and splits it into two
+    e4m3 halves whose sum is q exactly (kernels/q_halves.py), two fp8 products into one accumulator.
     kv_scale [slots] float32: kv is the row-scaled layout (write_kv_fp8 with kv_scale): row i
     stands for kv[i] * kv_scale[i].
     topk_length [S] int32 (FlashMLA's argument; SGLang's dsa_cache_seqlens_int32): the count of
@@ -200,6 +200,11 @@ def sparse_mla_decode_fp8(q, kv, indices, sm_scale, d_v=512, return_lse=False, k
         from dsaops.kernels import reference
 
         reference.check_kv_scale(kv_scale, kv)
+    if q.shape[0] == 0:  # an idle data-parallel rank decodes no tokens; a launch of no blocks is a CUDA error
+        import torch
+
+        out = torch.empty((0, q.shape[1], d_v), dtype=torch.bfloat16, device=q.device)
+        return (out, torch.empty((0, q.shape[1]), dtype=torch.float32, device=q.device)) if return_lse else out
     return decode_with_tile(q, kv, indices, sm_scale, d_v, return_lse, tile=None, kv_scale=kv_scale)
 
 

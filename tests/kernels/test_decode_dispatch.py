@@ -293,6 +293,33 @@ def test_decode_input_errors_say_what_to_change():
         sparse_mla_decode_fp8(q.half(), kv, idx, 1.0)
 
 
+def test_zero_queries_return_empty_after_the_checks(monkeypatch):
+    """An idle data-parallel rank decodes a batch of no tokens: empty results, no kernel, the checks
+    that do not depend on S still made. q and indices pass as GPU tensors (no GPU here)."""
+    torch = pytest.importorskip("torch")
+    from dsaops.kernels import sparse_mla_decode_fp8
+
+    class OnGpu(torch.Tensor):
+        is_cuda = True  # the device check's question; everything else is the CPU tensor's
+
+    monkeypatch.setattr(decode, "decode_with_tile", lambda *a, **k: pytest.fail("planned a launch for S = 0"))
+    q = torch.zeros((0, 16, 576), dtype=torch.bfloat16).as_subclass(OnGpu)
+    kv = torch.zeros((64, 1, 576), dtype=torch.float8_e4m3fn)
+    idx = torch.zeros((0, 1, 64), dtype=torch.int32)
+    out = sparse_mla_decode_fp8(q, kv, idx, 1.0)
+    assert (type(out), out.shape, out.dtype, out.device) == (torch.Tensor, (0, 16, 512), torch.bfloat16, q.device)
+    out, lse = sparse_mla_decode_fp8(q, kv, idx, 1.0, return_lse=True, topk_length=torch.zeros(0, dtype=torch.int32))
+    assert (out.shape, lse.shape, lse.dtype) == ((0, 16, 512), (0, 16), torch.float32)
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode_fp8(q, kv, idx.long(), 1.0)
+    with pytest.raises(ValueError, match="same GPU"):
+        sparse_mla_decode_fp8(q.as_subclass(torch.Tensor), kv, idx, 1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        sparse_mla_decode_fp8(q, torch.zeros((64, 1, 1152), dtype=torch.float8_e4m3fn)[:, :, ::2], idx, 1.0)
+    with pytest.raises(ValueError, match="kv_scale"):
+        sparse_mla_decode_fp8(q, kv, idx, 1.0, kv_scale=torch.ones(63))
+
+
 def test_decode_preferred_follows_the_h200_measurements():
     """S x H >= 16: every BENCHMARKS.md case measured dsaops at least as fast as SGLang's fp8 kernel;
     the unmeasured H = 8, S = 1 stays on SGLang's."""

@@ -257,6 +257,13 @@ def test_bad_input_says_what_to_change():
         sparse_mla_decode_fp8(q, kv, idx, 1.0, topk_length=torch.ones(2, dtype=torch.int32, device="cuda"))
 
 
+def test_zero_queries_return_empty_results():
+    q, kv, idx = make(1, 16, 0, 64, seed=7)
+    out, lse = sparse_mla_decode_fp8(q[:0], kv, idx[:0], 1.0, return_lse=True)
+    assert (out.shape, out.dtype, out.device) == ((0, 16, D_V), torch.bfloat16, q.device)
+    assert (lse.shape, lse.dtype, lse.device) == ((0, 16), torch.float32, q.device)
+
+
 @pytest.mark.parametrize(("tile", "d_tail"),
                          kernel_jobs(targets.get("sm_90"), merges=False),
                          ids=lambda x: x.name if isinstance(x, tiles.Tile) else f"d_tail{x}")
