@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
     s.add_argument("--d-qk", type=whole_up_to(INT_MOST), required=True, help="q/kv row width: d_v + d_tail")
     s.add_argument("--d-v", type=whole_up_to(INT_MOST), default=512, help="value width (default 512)")
     s.add_argument("--topk", type=whole_up_to(INT_MOST), required=True, help="KV rows a query attends to")
-    s.add_argument("--kv-dtype", default="float8_e4m3fn")
+    s.add_argument("--kv-dtype", default="float8_e4m3fn", help="the KV pool's torch dtype (default float8_e4m3fn)")
     s.set_defaults(func=run_supports)
     r = ksub.add_parser("route", help="which decode kernel a server on TARGET runs, for which batch sizes, and why "
                                       "(no GPU)",
@@ -111,6 +111,8 @@ def run_compile(args) -> int:
 
 
 def run_supports(args) -> int:
+    if not args.kv_dtype.strip():  # a missing value, not a dtype the kernel lacks
+        raise UserError("--kv-dtype is empty; give the KV pool's torch dtype (float8_e4m3fn for dsaops' kernel)")
     unsupported = route.geometry_unsupported(args.heads, args.d_qk, args.d_v, args.topk, args.kv_dtype)
     print(f"not supported: {'; '.join(unsupported)}" if unsupported else "supported")
     return 1 if unsupported else 0

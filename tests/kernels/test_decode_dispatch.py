@@ -244,6 +244,14 @@ def test_cli_supports_exit_codes(capsys):
                                        "(a raw float8_e4m3fn pool; e4m3fnuz has no HIP kernels)\n")
 
 
+@pytest.mark.parametrize("dtype", ["", " "])
+def test_cli_supports_refuses_an_empty_kv_dtype(capsys, dtype):
+    assert dsaops_main(["kernels", "supports", "--heads", "64", "--d-qk", "512", "--topk", "2048",
+                        "--kv-dtype", dtype]) == 2
+    err = "dsaops kernels: --kv-dtype is empty; give the KV pool's torch dtype (float8_e4m3fn for dsaops' kernel)\n"
+    assert capsys.readouterr() == ("", err)
+
+
 @pytest.mark.parametrize(("target", "message"), [("gfx942", "not an NVIDIA target"), ("sm_99", "valid targets")])
 def test_cli_compile_refuses_bad_targets(capsys, target, message):
     assert dsaops_main(["kernels", "compile", "--target", target]) == 2
