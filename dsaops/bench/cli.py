@@ -38,7 +38,9 @@ def add_parser(sub) -> None:
     s.add_argument("--input-len", type=count, default=1024, help="prompt tokens per request (default 1024)")
     s.add_argument("--output-len", type=count, default=256, help="output tokens per request (default 256)")
     s.add_argument("--duration", type=seconds, default=60.0, help="seconds of load per level, roughly (default 60)")
-    s.add_argument("--max-requests", type=count, default=5000, help="requests per level at most (default 5000)")
+    s.add_argument("--max-requests", type=count, default=5000,
+                   help="requests per level at most (default 5000); a level sends at least two a slot, so "
+                        "--concurrency levels above half of it are refused and default ones left out")
     s.add_argument("--timeout", type=seconds, help="seconds a level may take before it is stopped "
                    "(default 3 x --duration + 120)")
     s.add_argument("--tokenizer", help="the model's tokenizer folder (default: /server_info's tokenizer_path, "
@@ -74,12 +76,17 @@ def progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def concurrency_levels(text: str) -> list[int]:
+def concurrency_levels(text: str, max_requests: int) -> list[int]:
+    from dsaops.bench.sweep import PER_SLOT
+
     levels = whole_numbers(text, "--concurrency", "1,2,4,8")
     if not levels or any(v < 1 for v in levels):
         raise UserError(f"--concurrency levels must be 1 or more, e.g. 1,2,4,8; got {text!r}")
     if levels != sorted(set(levels)):
         raise UserError(f"--concurrency levels must rise without repeats, e.g. 1,2,4,8; got {text!r}")
+    if levels[-1] * PER_SLOT > max_requests:
+        raise UserError(f"--concurrency {levels[-1]} sends at least {levels[-1] * PER_SLOT} requests (two a slot), "
+                        f"over --max-requests {max_requests}: raise --max-requests or leave the level out")
     return levels
 
 
@@ -106,7 +113,10 @@ def run_serve(args) -> int:
     from dsaops.bench import capacity, generator, plot, serve_report, sweep
 
     url = args.server_url
-    levels = concurrency_levels(args.concurrency) if args.concurrency is not None else None
+    if args.max_requests < sweep.PER_SLOT:
+        raise UserError(f"--max-requests {args.max_requests} runs no level: each sends at least two requests a slot; "
+                        f"give {sweep.PER_SLOT} or more")
+    levels = concurrency_levels(args.concurrency, args.max_requests) if args.concurrency is not None else None
     plan = capacity.from_plan(args.plan) if args.plan else None
     if args.plot:
         plot.check()
@@ -118,7 +128,12 @@ def run_serve(args) -> int:
 
     info, server = server_cap(url, key, args.exporter_url)
     tokenizer = args.tokenizer or _served_tokenizer(info)
-    levels = levels or default_levels(server.total if server else None)
+    if not levels:
+        default = default_levels(server.total if server else None)
+        levels = [c for c in default if c * sweep.PER_SLOT <= args.max_requests]  # rising: a prefix
+        if len(levels) < len(default):
+            progress(f"concurrency {', '.join(map(str, default[len(levels):]))} left out: two requests a slot "
+                     f"would pass --max-requests {args.max_requests}")
     timeout = args.timeout or 3 * args.duration + 120
     settings = {"server_url": url, "model": model, "tokenizer": tokenizer, "input_len": args.input_len,
                 "output_len": args.output_len, "duration_s": args.duration, "generator": generator.MODULE}

@@ -2,8 +2,8 @@
 
 The first level sends two requests per slot; each later one sends as many as the previous
 level's measured request rate, scaled by the concurrency step, fills in --duration (at least two
-per slot, at most --max-requests). A level that fails ends the sweep: later ones would only
-wait on the same server.
+per slot, at most --max-requests: the command runs only levels that fit both). A level that fails
+ends the sweep: later ones would only wait on the same server.
 """
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ class Sweep:
     failure: str | None = None     # why the sweep stopped early
 
 
+PER_SLOT = 2   # requests a level sends at least for each slot, so that every slot stays busy past its first
+
+
 def level_requests(concurrency: int, previous: generator.Level | None, *, duration: float, max_requests: int) -> int:
-    least = 2 * concurrency
+    least = PER_SLOT * concurrency
     if previous is None:
         wanted = least
     else:
         wanted = math.ceil(duration * previous.requests_s * concurrency / previous.concurrency)
-    return max(least, min(wanted, max_requests))
+    return min(max(least, wanted), max_requests)
 
 
 def run(concurrencies: list[int], level, *, duration: float, max_requests: int, timeout: float, progress) -> Sweep:

@@ -168,6 +168,17 @@ def test_ctrl_c_mid_level_stops_at_once_and_leaves_nothing(standin, with_generat
     assert list(tmp_path.iterdir()) == []     # the generator's folder and the log are gone
 
 
+def test_max_requests_caps_every_level(standin, with_generator, tokenizer_dir, capsys):
+    """Every level sent at least two requests a slot, past --max-requests: 16 at level 8 here. The
+    default levels (to twice the server's cap of 4) that cannot keep that are left out, and said so."""
+    url = standin(max_running=CAP, token_latency=0.001, server_info=server_info(tokenizer_dir))
+    rc, report, err = sweep(capsys, ["--server-url", url, "--max-requests", "4", "--duration", "1",
+                                     "--input-len", "8", "--output-len", "4"])
+    assert rc == 0, err
+    assert [(lv["concurrency"], lv["requests"]) for lv in report["levels"]] == [(1, 2), (2, 4)]
+    assert "concurrency 4, 8 left out: two requests a slot would pass --max-requests 4\n" in err
+
+
 @pytest.mark.parametrize("answered, level", [(1, 1), (3, 2)])
 def test_a_level_whose_requests_all_fail_names_their_error(standin, with_generator, tokenizer_dir, capsys, answered,
                                                            level):
@@ -176,7 +187,7 @@ def test_a_level_whose_requests_all_fail_names_their_error(standin, with_generat
     holding the request's whole traceback: the report named those instead of the requests' error."""
     url = standin(fail_after=answered, token_latency=0.001)
     rc = main(["bench", "serve", "--server-url", url, "--tokenizer", tokenizer_dir, "--concurrency", "1,2",
-               "--duration", "1", "--max-requests", "2", "--input-len", "8", "--output-len", "4"])
+               "--duration", "1", "--max-requests", "4", "--input-len", "8", "--output-len", "4"])
     out, err = capsys.readouterr()
     assert rc == 1, err
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
@@ -208,6 +219,9 @@ def test_the_api_key_comes_from_a_file(standin, with_generator, tokenizer_dir, t
     (["--server-url", "{url}", "--plan", "/nonexistent/plan.json"], "cannot read --plan /nonexistent/plan.json"),
     (["--server-url", "{url}", "--plot", "/nonexistent/sweep.png"], "--plot /nonexistent/sweep.png: cannot write"),
     (["--server-url", "{url}"], "needs the model's tokenizer: pass --tokenizer"),
+    (["--server-url", "{url}", "--concurrency", "1,4", "--max-requests", "7"],
+     "--concurrency 4 sends at least 8 requests (two a slot), over --max-requests 7"),
+    (["--server-url", "{url}", "--max-requests", "1"], "--max-requests 1 runs no level"),
 ])
 def test_bad_input_is_one_line_and_exit_2(standin, with_generator, argv, message, capsys):
     url = standin()
