@@ -127,7 +127,9 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "exporter_listen": (_ipv4, ("an IPv4 address such as 0.0.0.0 (every address) or 127.0.0.1: the exporter "
                                 "listens on IPv4 only")),
     "cidrs": (_list_of(_cidr), "a list of IPv4 addresses or networks such as 10.0.0.0/24"),
-    "port": (_between(1, 65535), "a TCP port, 1 to 65535"),
+    # YAML reads an unquoted 010 as octal 8, -e and INI inventories pass "010" on: either is in doubt
+    "port": (lambda v: _between(1, 65535)(v) and not str(v).startswith("0"),
+             "a TCP port, 1 to 65535, without leading zeros (YAML reads 010 as octal 8)"),
     "positive": (_between(1, 1 << 20), "a whole number of 1 or more"),
     "heads": (_between(1, HEADS_MOST), f"a whole number of q heads from 1 to {HEADS_MOST} (dsaops kernels selftest --heads)"),
     "seconds": (_between(1, 1 << 31), "a whole number of seconds, 1 or more"),

@@ -69,6 +69,16 @@ def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, bad).startswith(name)
 
 
+@pytest.mark.parametrize("name", [n for n, kind in VARIABLES.items() if kind == "port"])
+@pytest.mark.parametrize("value", ["08000", "030000", "0022", "00"])
+def test_a_port_with_a_leading_zero_is_refused(name, value):
+    """YAML reads an unquoted 010 as octal 8 while -e and an INI inventory pass "010" on as written: a port
+    written with a leading zero is in doubt, so every port variable refuses it, saying why."""
+    assert refusal(name, value) == (f"{name}={value!r} is refused: it must be a TCP port, 1 to 65535, without "
+                                    "leading zeros (YAML reads 010 as octal 8).")
+    assert refusal(name, value.lstrip("0") or "1") is None
+
+
 @pytest.mark.parametrize("path", ["/data/models/GLM-5.3-Flash/", "/data/models/GLM-5.3-Flash/..", "/data/models/.", "/"])
 def test_a_model_folder_without_a_name_of_its_own_is_refused(path):
     """Its basename names the mount, the served model, the weights folder and the manifest: a tab-completed

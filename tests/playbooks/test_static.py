@@ -516,6 +516,8 @@ def test_deploy_refuses_what_the_playbook_refuses_in_one_line_before_ansible_run
 @pytest.mark.parametrize("name, value, line", [
     ("dsaops_tp_size", 0, "h20-1: dsaops_tp_size=0 is refused: it must be a whole number of 1 or more."),
     ("dsaops_mem_fraction_static", 1.5, "h20-1: dsaops_mem_fraction_static=1.5 is refused: it must be a fraction"),
+    ("dsaops_server_port", "08000", ("h20-1: dsaops_server_port='08000' is refused: it must be a TCP port, "
+                                     "1 to 65535, without leading zeros")),
 ])
 def test_a_refused_inventory_value_is_one_line_and_exit_2(tmp_path, name, value, line):
     """It used to run the playbook, which stopped with one line per host and a summary, exit 1."""
