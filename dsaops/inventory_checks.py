@@ -163,6 +163,9 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
     "mtu": (_between(576, 9216), "an MTU of 576 to 9216"),
     "oom_score": (_between(-1000, 1000), "a whole number from -1000 to 1000"),
+    # min_free_kbytes's ceiling: past a quarter of MemTotal the kernel's free reserve starves the server and the OS
+    "reserved_percent": (_between(1, 25), "a whole percentage of MemTotal from 1 to 25"),
+    "headroom_mib": (_between(1, 1 << 18), "a whole number of MiB from 1 to 262144 (256 GiB)"),
     "exporter_mode": (lambda v: v in ("container", "inside"),
                       "container (its own container) or inside (the server container's entrypoint runs it)"),
     "supervisor": (lambda v: v in ("auto", "systemd", "docker"),
@@ -219,7 +222,8 @@ VARIABLES: dict[str, str] = {
     "weights_hf_token": "token", "weights_hf_token_file": "path", "host_memory_sysctl_file": "path",
     "host_memory_sshd_unit": "name", "host_memory_sshd_pidfile": "path",
     "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
-    "sglang_server_oom_score_adj": "oom_score",
+    "sglang_server_oom_score_adj": "oom_score", "host_memory_max_reserved_percent": "reserved_percent",
+    "host_memory_os_headroom_mib": "headroom_mib",
     "host_memory_root": "root", "monitoring_root": "root", "network_root": "root", "sglang_server_root": "root",
     "transfer_root": "root", "weights_root": "root",
 }

@@ -63,6 +63,9 @@ def test_a_newline_is_refused_everywhere(name):
     ("host_memory_root", "/srv/roots/node1", "srv"), ("weights_root", "", "/x\n"),
     ("sglang_server_selftest_heads", 32, 0), ("sglang_server_selftest_heads", "1024", 1025),
     ("host_memory_extra_sysctls", {"vm.swappiness": 10}, {"vm.swappiness": "10\nkernel.sysrq = 1"}),
+    ("host_memory_max_reserved_percent", 10, 0), ("host_memory_max_reserved_percent", "25", 26),
+    ("host_memory_max_reserved_percent", 1, "100"), ("host_memory_os_headroom_mib", 8192, 0),
+    ("host_memory_os_headroom_mib", "262144", 262145), ("host_memory_os_headroom_mib", 1, "-8192"),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
