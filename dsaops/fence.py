@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from dsaops.errors import UserError
 
@@ -71,15 +71,22 @@ def _ipv4_of(host: str, what: str) -> str:
                         "address, or list the address it scrapes from in dsaops_monitoring_allow") from None
 
 
-def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str]) -> str:
+def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Collection[str] = ()) -> str:
     """The monitoring set of `hosts` ({name: its Ansible variables}): each host's address as this controller
     resolves its ansible_host (its traffic's source on a flat network), its cluster address when it has one, and
-    `allow`. A host Ansible reaches locally is the controller itself, whose own traffic arrives on loopback."""
+    `allow`. A host Ansible reaches locally (the controller) counts its ansible_host only when set: its name says
+    nothing of the address its scrapes leave by. One that names no address other than loopback stops the run
+    when `nodes` (the fenced ones) holds another host: only its traffic to itself arrives on loopback."""
     found = []
     for name, facts in hosts.items():
-        if facts.get("ansible_connection") == "local":
-            continue
-        found.append(_ipv4_of(str(facts.get("ansible_host") or name), f"monitoring host {name}"))
+        local = facts.get("ansible_connection") == "local"
+        host = facts.get("ansible_host") or (None if local else name)
+        own = [_ipv4_of(str(host), f"monitoring host {name}")] if host else []
         if facts.get("dsaops_cluster_address"):
-            found.append(str(facts["dsaops_cluster_address"]))
+            own.append(str(facts["dsaops_cluster_address"]))
+        if local and set(nodes) - {name} and all(ipaddress.IPv4Address(a).is_loopback for a in own):
+            raise UserError(f"monitoring host {name}: it is reached locally and names no address the other nodes see "
+                            "its scrapes come from, so their fence would drop them; set its ansible_host to that "
+                            "address (or its dsaops_cluster_address)")
+        found += own
     return nft_elements([*found, *allow], "dsaops_monitoring_allow")

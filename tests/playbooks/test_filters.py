@@ -31,16 +31,30 @@ def test_a_switch_given_as_a_string_reads_as_ansible_reads_it(kmsg, reads_kmsg):
 
 
 def test_the_monitoring_set_holds_each_monitoring_hosts_addresses_merged():
-    """Each host's ansible_host and cluster address, and `allow`, merged; the controller itself (local) adds none."""
+    """Each host's ansible_host and cluster address, and `allow`, merged; a host reached locally (the controller)
+    too: its scrapes reach the other nodes from that address, not from loopback."""
     hostvars = {"mon": {"ansible_host": "10.0.0.5", "dsaops_cluster_address": "192.168.100.9"},
                 "here": {"ansible_connection": "local", "ansible_host": "10.9.9.9"}}
-    assert library.monitoring_sources(["mon", "here"], hostvars, ["10.0.0.0/24"]) == "10.0.0.0/24, 192.168.100.9"
-    assert library.monitoring_sources(["here"], hostvars) == ""
+    assert library.monitoring_sources(["mon", "here"], hostvars, ["10.0.0.0/24"], ["node1"]) == (
+        "10.0.0.0/24, 10.9.9.9, 192.168.100.9")
+    assert library.monitoring_sources(["here"], hostvars, [], ["node1"]) == "10.9.9.9"
     with pytest.raises(AnsibleFilterError, match="dsaops_monitoring_allow: .*give IPv4 addresses or networks"):
         library.monitoring_sources(["mon"], hostvars, ["10.0.0.0/8 } accept; #"])
     # a name no resolver is asked about (an empty label): the message, without waiting on DNS
     with pytest.raises(AnsibleFilterError, match="monitoring host mon: cannot resolve 'no..such' to an IPv4 address"):
         library.monitoring_sources(["mon"], {"mon": {"ansible_host": "no..such"}})
+
+
+@pytest.mark.parametrize("facts", [{}, {"ansible_host": "127.0.0.1"}, {"dsaops_cluster_address": "127.0.0.1"}])
+def test_a_local_monitoring_host_without_an_address_the_nodes_see_is_refused(facts):
+    """Its scrapes leave by an address the inventory does not name, which the nodes' fence would drop: the run
+    stops naming ansible_host, unless the one node it fences is itself (its own traffic arrives on loopback)."""
+    hostvars = {"here": {"ansible_connection": "local", **facts}}
+    with pytest.raises(AnsibleFilterError, match=r"^monitoring host here: .*set its ansible_host to"):
+        library.monitoring_sources(["here"], hostvars, [], ["here", "node1"])
+    assert library.monitoring_sources(["here"], hostvars, [], ["here"]) in ("", "127.0.0.1")
+    assert library.monitoring_sources(["here"], {"here": {**hostvars["here"], "dsaops_cluster_address": "10.1.0.2"}},
+                                      [], ["here", "node1"]).startswith("10.1.0.2")
 
 
 @pytest.mark.parametrize("listen_host, probed", [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"),

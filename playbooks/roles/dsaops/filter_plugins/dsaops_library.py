@@ -28,8 +28,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       the ports SGLang opens for its own processes, which the network role fences (dsaops.sglang_ports)
   addresses | dsaops_nft_elements(what)
       IPv4 addresses and networks, checked and merged for an nftables set (dsaops.fence)
-  monitoring_hosts | dsaops_monitoring_sources(hostvars, allow)
-      the addresses the monitoring hosts scrape from, plus `allow`, for the fence's set (dsaops.fence)
+  monitoring_hosts | dsaops_monitoring_sources(hostvars, allow, nodes)
+      the addresses the monitoring hosts scrape from, plus `allow`, for the fence's set on `nodes` (dsaops.fence)
   listen_host | dsaops_listen_address(port, what)
       listen_host:port as a listen flag takes it, IPv6 in brackets (dsaops.fence)
   listen_host | dsaops_probe_host(what)
@@ -150,8 +150,9 @@ def nft_elements(addresses, what):
 
 
 @_stops_the_run
-def monitoring_sources(hosts, hostvars, allow=()):
-    return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow])
+def monitoring_sources(hosts, hostvars, allow=(), nodes=()):
+    return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow],
+                                    [str(n) for n in nodes])
 
 
 @_stops_the_run
