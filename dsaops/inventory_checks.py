@@ -97,6 +97,11 @@ def _secret(value) -> bool:
     return value == "" or (_match(_SECRET)(value) and len(value) >= 16)
 
 
+def _api_key(value) -> bool:
+    # SGLang's --config merge hands the key to argparse, which reads a value starting with '-' as a flag
+    return _secret(value) and not value.startswith("-")
+
+
 def _refused_flag(argument: str) -> bool:
     name = argument.split("=", 1)[0]
     return len(name) > 2 and name.startswith("--") and any(flag.startswith(name) for flag in _REFUSED_FLAGS)
@@ -145,9 +150,11 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "model": (lambda v: _model_folder(v) or _match(_HF_ID)(v),
               "a Hugging Face id (org/name) or the absolute path of the checkpoint's folder, without a trailing '/'"),
     "secret": (_secret, "empty (generated), or at least 16 printable characters without spaces"),
-    # SGLang's --config merge hands the key to argparse, which reads a value starting with '-' as a flag
-    "api_key": (lambda v: _secret(v) and not v.startswith("-"),
-                "empty (generated), or at least 16 printable characters without spaces, not starting with '-'"),
+    "api_key": (_api_key, "empty (generated), or at least 16 printable characters without spaces, not starting with '-'"),
+    # the key in use (a *_value variable): empty would start SGLang without one
+    "api_key_value": (lambda v: v != "" and _api_key(v),
+                      "at least 16 printable characters without spaces, not starting with '-'"),
+    "secret_value": (lambda v: v != "" and _secret(v), "at least 16 printable characters without spaces"),
     "token": (_match(_SECRET), "printable characters without spaces or newlines"),
     "size": (_match(_SIZE), "a size such as 32g"),
     "duration": (_match(_DURATION), "a Prometheus duration such as 5s"),
@@ -227,13 +234,18 @@ VARIABLES: dict[str, str] = {
     "host_memory_root": "root", "monitoring_root": "root", "network_root": "root", "sglang_server_root": "root",
     "transfer_root": "root", "weights_root": "root",
 }
+# The keys the roles write (each default: the key set above, else the password lookup's generated one). Set
+# directly (-e @FILE, the inventory), dsaops deploy checks them; names() leaves them out of the playbooks' check,
+# which would render the default and so run the lookup, writing the generated key even under --print-commands.
+VALUES: dict[str, str] = {"dsaops_api_key_value": "api_key_value", "dsaops_admin_api_key_value": "api_key_value",
+                          "monitoring_grafana_admin_password_value": "secret_value"}
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.
 RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sglang_server_log_dir": "dsaops_log_dir",
                            "sglang_server_listen_host": "dsaops_server_listen_host"}
-_SECRETS = {"secret", "api_key", "token"}     # never repeated in a message
+_SECRETS = {"secret", "api_key", "token", "api_key_value", "secret_value"}     # never repeated in a message
 # The variables of those kinds: what `ps` must never show on ansible-playbook's command line (dsaops deploy)
-SECRET_VARIABLES = tuple(name for name, kind in VARIABLES.items() if kind in _SECRETS)
+SECRET_VARIABLES = tuple(name for name, kind in (VARIABLES | VALUES).items() if kind in _SECRETS)
 
 
 def refusal(name: str, value) -> str | None:
@@ -242,7 +254,7 @@ def refusal(name: str, value) -> str | None:
         return None
     if name in RENAMED:
         return f"{name}={value!r} is refused: it is {RENAMED[name]} now; set that instead."
-    kind = VARIABLES.get(name)
+    kind = VARIABLES.get(name) or VALUES.get(name)
     if kind is None:
         return None
     check, allowed = KINDS[kind]
@@ -256,7 +268,8 @@ def refusal(name: str, value) -> str | None:
 
 def refusals(values: Mapping[str, object]) -> list[str]:
     """One line per refused value, in the table's order."""
-    return [line for name in (*VARIABLES, *RENAMED) if name in values and (line := refusal(name, values[name])) is not None]
+    return [line for name in (*VARIABLES, *VALUES, *RENAMED)
+            if name in values and (line := refusal(name, values[name])) is not None]
 
 
 def names(prefix: str = "") -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from dsaops.healthchecks.http import serve
 
-from dsaops.inventory_checks import KINDS, VARIABLES, names, port_collisions, refusal, refusals
+from dsaops.inventory_checks import KINDS, SECRET_VARIABLES, VARIABLES, names, port_collisions, refusal, refusals
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 ROLE_DEFAULTS = {k: v for path in sorted(PLAYBOOKS.glob("roles/*/defaults/main.yml"))
@@ -207,3 +207,16 @@ def test_an_extra_sysctl_may_not_pass_the_guard_rails_by_another_name(key, varia
     """The role checks these three through their own variables; set as extras they would win unchecked."""
     line = refusal("host_memory_extra_sysctls", {key: 100_000_000})
     assert line is not None and variable in line
+
+
+@pytest.mark.parametrize("name, dash", [("dsaops_api_key_value", False), ("dsaops_admin_api_key_value", False),
+                                        ("monitoring_grafana_admin_password_value", True)])
+def test_a_key_in_use_set_directly_is_checked_as_the_key_it_replaces(name, dash):
+    """`-e @FILE` (or the inventory) may set the *_value keys the roles write, past the key rules; checked here, by
+    dsaops deploy, and never queried by the playbooks' check, which would render the default's password lookup
+    (it writes the generated key, even under --print-commands). Empty would start SGLang without a key."""
+    for bad in ("short", "k" * 15 + " ", "k" * 20 + "\n", ""):
+        [line] = refusals({name: bad})
+        assert line.startswith(f"{name} (not shown) is refused: it must be at least 16 printable") and (bad == "" or bad not in line)
+    assert (refusal(name, "-" + "k" * 20) is None) is dash
+    assert refusal(name, "k" * 20) is None and name in SECRET_VARIABLES and name not in names()
