@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from dsaops import pins
+from dsaops import build_host, image_base, pins, targets, wheel_tags
 from dsaops.image import source_files
+from tests.support import sglang_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED = ("*.md", "sglang_patches/*.patch", "benchmarks/*.json", "dsaops/pins.toml")
@@ -115,3 +116,54 @@ def test_pins_for_shell_and_make():
     assert run().stdout.count("==") == 0 and f'"sgl-flash-mla": "{pins.FLASH_MLA}"' in run().stdout
     unknown = run("torch")
     assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
+
+
+def test_every_pinned_hash_names_a_wheel_of_a_pin():
+    """pins.toml's sha256 table: each key a wheel file name of a pinned distribution at its pinned
+    version, each value a sha256; every pin has its Linux x86_64 and aarch64 wheels listed."""
+    listed = {}
+    for filename, digest in pins.SHA256.items():
+        name, version, tags = wheel_tags.parse(filename)
+        assert pins.PINS.get(name.replace("_", "-")) == version, filename
+        assert re.fullmatch("[0-9a-f]{64}", digest), filename
+        listed.setdefault(name.replace("_", "-"), set()).update(
+            m for m in ("x86_64", "aarch64") for t in tags if t[2].endswith(m))
+    assert {name: {"x86_64", "aarch64"} <= machines for name, machines in listed.items()} == dict.fromkeys(
+        pins.PINS, True)
+
+
+def test_every_sglang_wheel_an_image_downloads_has_a_pinned_hash():
+    """What sglang_wheel_for asks pip for, per target (the real base's Python, and the stand-in's)."""
+    for target in targets.table().values():
+        if target.base_carries_sglang:
+            continue
+        for t in (target, image_base.on_standin(target)):
+            py = "cp" + t.image_python.replace(".", "")
+            name = f"sglang-{pins.SGLANG}-{py}-{py}-manylinux_2_34_{build_host.machine_of(t.platform)}.whl"
+            assert name in pins.SHA256, (target.name, name)
+
+
+def test_the_pinned_hash_is_the_real_wheels():
+    """The host's SGLang wheel, downloaded or cached, checked by the same function every consumer uses."""
+    real = sglang_wheel.sglang_wheel()
+    assert pins.sha256(real) == pins.SHA256[real.name]
+
+
+def test_a_wheel_check_from_the_shell_is_one_line_and_exit_2(tmp_path):
+    def check(*args):
+        return subprocess.run([sys.executable, "-m", "dsaops.pins", "--check-wheel", *map(str, args)], check=False,
+                              capture_output=True, text=True, cwd=REPO)
+
+    real = sglang_wheel.sglang_wheel()
+    matches = check(real)
+    assert matches.returncode == 0 and matches.stderr == ""
+    other = tmp_path / real.name
+    other.write_bytes(b"PK\x05\x06" + bytes(18))   # an empty zip: whole, and not PyPI's file
+    done = check(real, other)
+    assert done.returncode == 2 and done.stderr == (
+        f"dsaops.pins: {other} has sha256 {pins.sha256(other)}, dsaops/pins.toml pins {pins.SHA256[real.name]}: "
+        "a damaged or replaced file; delete it and run again to download it\n")
+    unlisted = tmp_path / f"sglang-{pins.SGLANG}-py3-none-any.whl"
+    unlisted.write_bytes(b"")
+    done = check(unlisted, "--downloaded")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "lists no sha256 for this wheel file" in done.stderr
