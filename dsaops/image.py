@@ -216,19 +216,20 @@ def sglang_wheel_for(target, pin: str) -> Path:
 
     The cache also holds the wheels other interpreters use (the tests take the host's): the choice
     goes by the tags in the file names, never by which file a glob lists first. A cached wheel is
-    taken only whole (wheel_problem); a download lands beside it and moves in by rename, once whole."""
+    taken only whole (wheel_problem) and with its pinned sha256 (pins.check_wheel); a download lands
+    beside it and moves in by rename, once both hold."""
     machine = build_host.machine_of(target.platform)
     accepted = _image_tags(target)
     wheels = cache_dir("wheels")
     pattern = f"sglang-{pin}-*.whl"
     found = wheel_tags.best(wheels.glob(pattern), accepted)
     if found is not None and not wheel_problem(found, target, pin):
-        return found
+        return pins.check_wheel(found)
     try:
         with locked("wheels", ".sglang.lock"):
             found = wheel_tags.best(wheels.glob(pattern), accepted)   # as another run may have left it
             if found is not None and not (problem := wheel_problem(found, target, pin)):
-                return found
+                return pins.check_wheel(found)
             if found is not None:
                 if found.is_dir() and not found.is_symlink():
                     raise UserError(f"{found} is a folder where the cache keeps a wheel: remove it")
@@ -248,7 +249,7 @@ def sglang_wheel_for(target, pin: str) -> Path:
                                     "pass --sglang-wheel FILE")
                 if problem := wheel_problem(got, target, pin):
                     raise UserError(f"pip's download {got.name}{problem}; pass --sglang-wheel FILE")
-                os.replace(got, wheels / got.name)
+                os.replace(pins.check_wheel(got, downloaded=True), wheels / got.name)
     except OSError as e:   # a read-only cache, a full disk, a folder under the wheel's name
         raise UserError(f"cannot keep the sglang wheel in {wheels} ({e.strerror or e}): make it writable, "
                         "set DSAOPS_CACHE to a folder you may write, or pass --sglang-wheel FILE") from None

@@ -30,7 +30,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from dsaops import build_host, pins
+from dsaops import build_host, pins, wheel_tags
 from dsaops.cache import cache_dir, locked
 from dsaops.errors import UserError
 
@@ -142,7 +142,8 @@ def wheel_context(target) -> Path:
     reqs = [r for group in requirements().values() for r in group]
     stamp = wheels / (".complete-" + hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:16])
     with locked("images", ".standin-wheels.lock"):
-        if not stamp.is_file():
+        downloaded = not stamp.is_file()
+        if downloaded:
             wheels.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheels), "--only-binary=:all:",
                    "--implementation", "cp", "--python-version", PYTHON, "--abi", f"cp{PYTHON.replace('.', '')}"]
@@ -152,7 +153,17 @@ def wheel_context(target) -> Path:
             if subprocess.run([*cmd, *reqs], check=False).returncode:
                 raise UserError("pip could not download the stand-in's wheels (above); reach a package index "
                                 "(PIP_INDEX_URL / PIP_EXTRA_INDEX_URL) or fill the folder from one")
-            stamp.touch()
+        for path in wheels.glob("*.whl"):   # the pinned ones, on every run: the folder is a cache
+            name, version, _ = wheel_tags.parse(path.name)
+            if pins.PINS.get(name.replace("_", "-")) == version:
+                try:
+                    pins.check_wheel(path, downloaded=downloaded)
+                except UserError:
+                    stamp.unlink(missing_ok=True)   # the next run downloads again what is deleted
+                    if downloaded:   # pip would take a file already in the folder as its download
+                        path.unlink()
+                    raise
+        stamp.touch()
         wheel = sglang_wheel(target)
         if not (wheels / wheel.name).is_file():
             shutil.copy2(wheel, wheels / wheel.name)

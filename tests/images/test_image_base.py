@@ -2,9 +2,14 @@
 uses them (the builds themselves: test_image_build.py)."""
 from __future__ import annotations
 
+import re
 import tomllib
+import zipfile
+
+import pytest
 
 from dsaops import image_base, pins, targets
+from dsaops.errors import UserError
 from tests.images.docker_build import REPO
 
 
@@ -40,3 +45,36 @@ def test_pip_sees_every_manylinux_tag_bookworm_runs():
     tags = image_base._platform_tags()
     m = image_base.machine()
     assert tags[0] == f"manylinux_2_36_{m}" and f"manylinux2014_{m}" in tags and f"manylinux_2_17_{m}" in tags
+
+
+def small_wheel(folder, filename, name, version):
+    """A small real wheel named `filename`, its METADATA saying `name` `version`."""
+    with zipfile.ZipFile(folder / filename, "w") as whl:
+        whl.writestr(f"{name.replace('-', '_')}-{version}.dist-info/METADATA",
+                     f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{name.replace('-', '_')}-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+        whl.writestr(f"{name.replace('-', '_')}/__init__.py", "")
+    return folder / filename
+
+
+def test_a_standin_wheel_of_another_content_is_refused(tmp_path, monkeypatch):
+    """pip downloads the stand-ins' wheels from a local folder (no index) whose TileLang, under PyPI's own
+    file name, is another whole wheel: it was taken into the base; now it is refused, not kept."""
+    links = tmp_path / "links"
+    links.mkdir()
+    for spec in [r for group in image_base.requirements().values() for r in group]:
+        name, _, version = re.split(r"(==|>=)", spec) if re.search("==|>=", spec) else (spec, "", "1.0")
+        if name != "tilelang":
+            small_wheel(links, f"{name.replace('-', '_')}-{version}-py3-none-any.whl", name, version)
+    [tilelang] = [n for n in pins.SHA256 if n.startswith(f"tilelang-{pins.TILELANG}-") and
+                  n.endswith(f"_{image_base.machine()}.whl")]
+    small_wheel(links, tilelang, "tilelang", pins.TILELANG)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserError, match=rf"^{re.escape(tilelang)} as downloaded has sha256 "
+                                        rf"{pins.sha256(links / tilelang)}, dsaops/pins.toml pins "
+                                        rf"{pins.SHA256[tilelang]}: the package index"):
+        image_base.wheel_context(targets.get("sm_90"))
+    kept = next((tmp_path / "cache" / "images").glob("standin-*/wheels"))
+    assert not list(kept.glob("tilelang-*")) and not list(kept.glob(".complete-*"))   # the next run downloads again

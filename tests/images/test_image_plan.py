@@ -12,7 +12,7 @@ import zipfile
 import pytest
 from dsaops.sglang_patches.series import load
 
-from dsaops import image_base, targets
+from dsaops import image_base, pins, targets
 from dsaops.errors import UserError
 from dsaops.image import build_wheel, dockerfile_args, plan, render, sglang_wheel_for, stage_context
 from dsaops.pins import SGLANG as SGLANG_PIN
@@ -274,7 +274,8 @@ def test_a_standin_plan_names_the_wheel_its_build_takes(name, tmp_path, monkeypa
     monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path))
     (tmp_path / "wheels").mkdir()
     for python in ("cp311", "cp312"):
-        make_wheel(tmp_path / "wheels", f"sglang-{SGLANG_PIN}-{python}-{python}-manylinux_2_34_{machine}.whl")
+        made = make_wheel(tmp_path / "wheels", f"sglang-{SGLANG_PIN}-{python}-{python}-manylinux_2_34_{machine}.whl")
+        monkeypatch.setitem(pins.SHA256, made.name, pins.sha256(made))   # as pins.toml pins PyPI's
     p = plan(name, standin=True)
     staged = sglang_wheel_for(p.target, SGLANG_PIN)   # what `dsaops image build --base standin` stages
     assert staged == image_base.sglang_wheel(targets.get(name)) and staged.name.split("-")[2] == "cp311"

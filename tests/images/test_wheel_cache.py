@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 import dsaops.image
-from dsaops import targets
+from dsaops import pins, targets
 from dsaops.errors import UserError
 from dsaops.pins import SGLANG
 from tests.images.test_sglang_wheel_option import RIGHT, make_wheel
@@ -63,7 +63,7 @@ def test_the_image_build_takes_the_targets_wheel_from_the_same_cache(tmp_path, m
     cached = [f"sglang-{SGLANG}-cp311-cp311-manylinux_2_34_x86_64.whl",     # what this machine's tests use
               f"sglang-{SGLANG}-cp312-cp312-manylinux_2_34_aarch64.whl"]    # what `make image ARCH=sm_121` left
     for name in cached:
-        make_wheel(tmp_path / "wheels", name)
+        monkeypatch.setitem(pins.SHA256, name, pins.sha256(make_wheel(tmp_path / "wheels", name)))
     downloads = []
     monkeypatch.setattr(dsaops.image, "_pip", lambda *args, **kw: downloads.append(args))
     assert dsaops.image.sglang_wheel_for(targets.get("sm_121"), SGLANG).name == cached[1]
@@ -84,7 +84,46 @@ def index(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     monkeypatch.setenv("DSAOPS_CACHE", str(cache))
-    return make_wheel(links, RIGHT), cache / "wheels"
+    whole = make_wheel(links, RIGHT)
+    monkeypatch.setitem(pins.SHA256, RIGHT, pins.sha256(whole))   # as pins.toml pins PyPI's file
+    return whole, cache / "wheels"
+
+
+def replaced(path):
+    """`path` rewritten as another whole wheel of the same name and METADATA: its zip checksums hold."""
+    path.unlink(missing_ok=True)
+    make_wheel(path.parent, path.name)
+    with zipfile.ZipFile(path, "a") as whl:
+        whl.writestr("sglang/__init__.py.bak", "import os  # not PyPI's\n")
+    with zipfile.ZipFile(path) as whl:
+        assert whl.testzip() is None
+    return path
+
+
+def test_a_cached_wheel_of_another_content_is_refused_not_used(index):
+    """A whole wheel under the pinned name passed the zip and METADATA checks and went into the image."""
+    whole, wheels = index
+    wheels.mkdir(parents=True)
+    cached = replaced(wheels / RIGHT)
+    before = cached.read_bytes()
+    with pytest.raises(UserError) as e:
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    assert str(e.value) == (f"{cached} has sha256 {pins.sha256(cached)}, dsaops/pins.toml pins "
+                            f"{pins.sha256(whole)}: a damaged or replaced file; delete it and run again to "
+                            "download it")
+    assert cached.read_bytes() == before   # left for the user to look at, not replaced behind their back
+    cached.unlink()   # what the message says to do
+    assert dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG).read_bytes() == whole.read_bytes()
+
+
+def test_a_download_of_another_content_is_refused_and_not_kept(index):
+    whole, wheels = index
+    replaced(whole)
+    with pytest.raises(UserError, match=rf"^{RIGHT} as downloaded has sha256 {pins.sha256(whole)}, "
+                                        r"dsaops/pins.toml pins [0-9a-f]{64}: the package index"):
+        dsaops.image.sglang_wheel_for(targets.get("sm_90"), SGLANG)
+    assert [p.name for p in wheels.iterdir()] == [".sglang.lock"]
+
 
 
 def test_a_cut_short_cached_wheel_is_downloaded_again_not_staged(index, capsys):
