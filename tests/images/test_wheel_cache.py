@@ -125,6 +125,16 @@ def test_a_download_of_another_content_is_refused_and_not_kept(index):
     assert [p.name for p in wheels.iterdir()] == [".sglang.lock"]
 
 
+def test_the_tests_refuse_a_cached_wheel_of_another_content(tmp_path, monkeypatch):
+    """The tests' helper took any cached file under the host wheel's name, unchecked."""
+    real = sglang_wheel.sglang_wheel()
+    monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path))
+    (tmp_path / "wheels").mkdir()
+    cached = replaced(tmp_path / "wheels" / real.name)
+    with pytest.raises(UserError, match=f"^{cached} has sha256 {pins.sha256(cached)}, dsaops/pins.toml pins "
+                                        f"{pins.SHA256[real.name]}: a damaged or replaced file; delete it"):
+        sglang_wheel.sglang_wheel()
+
 
 def test_a_cut_short_cached_wheel_is_downloaded_again_not_staged(index, capsys):
     whole, wheels = index

@@ -6,14 +6,16 @@ changes files copies it first (`pristine_copy`, or `sparse_copy` for the patched
 """
 import contextlib
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import dsaops.cache
-from dsaops import wheel_tags
+from dsaops import pins, wheel_tags
 from dsaops.pins import SGLANG as SGLANG_VERSION
 
 
@@ -40,19 +42,25 @@ def host_tags() -> list[tuple[str, str, str]]:
 
 def wheel(name: str, version: str) -> Path:
     """Path of a cached name-version wheel that this interpreter can install (pip download --no-deps
-    on first use). The cache also holds wheels for other platforms (`make image ARCH=sm_121` leaves
+    on first use), whose sha256 is the one dsaops/pins.toml pins (pins.check_wheel, a UserError
+    otherwise). The cache also holds wheels for other platforms (`make image ARCH=sm_121` leaves
     the aarch64 SGLang there): the choice goes by the tags in the file names."""
     wheels = cache_dir() / "wheels"
     pattern = f"{name.replace('-', '_')}-{version}-*.whl"
     with _locked("wheel"):
         found = wheel_tags.best(wheels.glob(pattern), host_tags())
-        if found is None:
+        if found is not None:
+            return pins.check_wheel(found)
+        wheels.mkdir(exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"{name}=={version}",
-                            "-d", str(wheels)], check=True)
-            found = wheel_tags.best(wheels.glob(pattern), host_tags())
-    if found is None:
-        raise RuntimeError(f"pip downloaded no {name} {version} wheel that {sys.executable} can install")
-    return found
+                            "-d", tmp], check=True)
+            got = wheel_tags.best(Path(tmp).glob(pattern), host_tags())
+            if got is None:
+                raise RuntimeError(f"pip downloaded no {name} {version} wheel that {sys.executable} can install")
+            # checked before it moves in: a file the index swapped never lands in the cache
+            os.replace(pins.check_wheel(got, downloaded=True), wheels / got.name)
+        return wheels / got.name
 
 
 def sglang_wheel() -> Path:
