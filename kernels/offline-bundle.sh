@@ -35,8 +35,10 @@ case "$platform" in
 esac
 [[ "$python_version" =~ ^3\.[0-9]+$ ]] || { echo "offline-bundle.sh: --python takes X.Y, e.g. 3.12" >&2; exit 2; }
 
-# The pinned versions: dsaops/pins.toml, the one place they are written.
+# The pinned versions: dsaops/pins.toml, the one place they are written, with each wheel file's sha256
+# (check: one line and exit 2 for a file that is not the one pinned).
 pin() { PYTHONPATH=. python3 -m dsaops.pins "$1"; }
+check() { PYTHONPATH=. python3 -m dsaops.pins --check-wheel "$@"; }
 sglang=$(pin sglang)
 tilelang=$(pin tilelang)
 flashmla=$(pin sgl-flash-mla)
@@ -61,6 +63,7 @@ echo "== wheels for CPython $python_version on $platform: tilelang $tilelang, sg
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
   --implementation cp "${tags[@]}" -d "$work/wheels" \
   "tilelang==$tilelang" "sgl-flash-mla==$flashmla" "${needs[@]}"
+check "$work"/wheels/tilelang-"$tilelang"-*.whl "$work"/wheels/sgl_flash_mla-"$flashmla"-*.whl --downloaded
 mkdir -p "$work/site"
 for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
 
@@ -98,13 +101,18 @@ with open(dest, "wb") as f:
     f.write(data)
 EOF
 }
-# The cached wheel (any platform's: the kernel is Python), else, when there is none or it is damaged, a download.
+# The cached wheel (any platform's: the kernel is Python), else, when there is none or it is damaged, a download;
+# either only with its pinned sha256 (a whole zip can still be another file).
 shopt -s nullglob
 cached=("${DSAOPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dsaops}"/wheels/sglang-"$sglang"-*.whl)
 shopt -u nullglob
 if [ ${#cached[@]} -eq 0 ] || ! baseline "${cached[0]}"; then
   python3 -m pip download -q --no-deps "sglang==$sglang" -d "$work/sglang"
-  baseline "$(ls "$work"/sglang/sglang-"$sglang"-*.whl)"
+  downloaded=$(ls "$work"/sglang/sglang-"$sglang"-*.whl)
+  check "$downloaded" --downloaded
+  baseline "$downloaded"
+else
+  check "${cached[0]}"
 fi
 
 manifest="python $python_version $platform; tilelang $tilelang; sgl-flash-mla $flashmla; sglang $sglang; ${needs[*]}"

@@ -2,9 +2,11 @@
 the bundle it writes, a failed build that leaves the bundle before it whole, and bad arguments."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -17,21 +19,36 @@ SCRIPT = ROOT / "kernels" / "offline-bundle.sh"
 KERNEL = "sglang/kernels/ops/attention/dsa/tilelang_kernel.py"
 
 
-def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> None:
+def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
-    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
         z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
         z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def checkout(env: dict) -> Path:
+    """The copy of the script and dsaops.pins that the test runs: its pins.toml also pins the stand-in wheels."""
+    return Path(env["DSAOPS_CACHE"]).parent / "checkout"
+
+
+def pin(env: dict, *wheels: Path) -> None:
+    """Pin `wheels`' sha256 in the copy's pins.toml, as the real one pins PyPI's files."""
+    table = checkout(env) / "dsaops" / "pins.toml"
+    pinned = {**tomllib.loads(table.read_text())["sha256"], **{w.name: pins.sha256(w) for w in wheels}}
+    table.write_text(table.read_text().split("[sha256]")[0] + "[sha256]\n"
+                     + "".join(f'"{name}" = "{digest}"\n' for name, digest in pinned.items()))
 
 
 @pytest.fixture
 def env(tmp_path) -> dict:
     """pip sees only a folder of stand-in wheels for every pin the script downloads; SGLang's wheel is
-    in the dsaops cache, where the script looks first."""
+    in the dsaops cache, where the script looks first. The pinned ones' hashes are pinned."""
     links, cache = tmp_path / "wheels", tmp_path / "cache"
     links.mkdir()
     (cache / "wheels").mkdir(parents=True)
@@ -40,13 +57,18 @@ def env(tmp_path) -> dict:
         name, version = spec.split("==")
         wheel(links, name, version, {f"{name.replace('-', '_')}/__init__.py": f"# {name}\n"})
     wheel(cache / "wheels", "sglang", pins.SGLANG, {KERNEL: "# the baseline\n"})
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PIP_NO_INDEX": "1",
-            "PIP_FIND_LINKS": str(links), "DSAOPS_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PIP_NO_INDEX": "1",
+           "PIP_FIND_LINKS": str(links), "DSAOPS_CACHE": str(cache)}
+    (checkout(env) / "kernels").mkdir(parents=True)
+    shutil.copy2(SCRIPT, checkout(env) / "kernels")
+    shutil.copytree(ROOT / "dsaops", checkout(env) / "dsaops")
+    pin(env, *links.glob("tilelang-*.whl"), *links.glob("sgl_flash_mla-*.whl"), *(cache / "wheels").glob("*.whl"))
+    return env
 
 
 def bundle(out: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), "--out", str(out), *extra], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    return subprocess.run(["bash", str(checkout(env) / "kernels" / SCRIPT.name), "--out", str(out), *extra], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def failing_xz(tmp_path: Path, env: dict) -> dict:
@@ -111,7 +133,7 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, argv, says):
 def test_a_damaged_cached_sglang_wheel_is_passed_over_for_a_download(tmp_path, env, damage):
     """The cache is reused, never required: a wheel cut short there (or a folder under its name) stopped
     the bundle with a traceback; now it says so in one line and takes the wheel pip downloads."""
-    wheel(Path(env["PIP_FIND_LINKS"]), "sglang", pins.SGLANG, {KERNEL: "# the downloaded baseline\n"})
+    pin(env, wheel(Path(env["PIP_FIND_LINKS"]), "sglang", pins.SGLANG, {KERNEL: "# the downloaded baseline\n"}))
     cached = next((Path(env["DSAOPS_CACHE"]) / "wheels").glob("sglang-*.whl"))
     if damage == "cut short":
         cached.write_bytes(cached.read_bytes()[:-30])
@@ -123,3 +145,19 @@ def test_a_damaged_cached_sglang_wheel_is_passed_over_for_a_download(tmp_path, e
     assert (tmp_path / "out" / "sgl" / KERNEL).read_text() == "# the downloaded baseline\n"
     [line] = [line for line in done.stderr.splitlines() if str(cached) in line]
     assert "no whole" in line and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("where", ["cached sglang", "downloaded tilelang"])
+def test_a_wheel_of_another_content_is_refused_in_one_line(tmp_path, env, where):
+    """A whole wheel that is not the pinned file (its zip checksums hold) went into the bundle."""
+    if where == "cached sglang":
+        replaced = wheel(Path(env["DSAOPS_CACHE"]) / "wheels", "sglang", pins.SGLANG, {KERNEL: "# not PyPI's\n"})
+        says = f"{replaced} has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
+    else:
+        replaced = wheel(Path(env["PIP_FIND_LINKS"]), "tilelang", pins.TILELANG, {"tilelang/__init__.py": "# not PyPI's\n"})
+        says = f"{replaced.name} as downloaded has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
+    done = bundle(tmp_path / "out", env)
+    assert done.returncode == 2, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if "sha256" in line]
+    assert line.startswith(f"dsaops.pins: {says}") and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
