@@ -3,7 +3,8 @@
 `root` is the folder that holds the `sglang/` package (site-packages, or an unpacked
 wheel). Every patched file is computed in memory first; files are written only when
 every hunk of every patch fits, and then through `atomic_files` (new files beside the
-old, fsynced, renamed into place together, undone on any error, under a lock). No file
+old, fsynced, renamed into place together, undone on any error, under a lock; a file
+another program wrote after it was read is left as it is, and nothing changes). No file
 is read or written through a symlink that leaves the package. The marker
 `sglang/.dsaops-patches.json` records the series hash and, per touched file, the sha256
 before and after, so `revert` can restore byte for byte (by applying the hunks backwards
@@ -225,7 +226,7 @@ def apply(root: Path, series: Series) -> str:
             "files": {f.rel: {"pristine_sha256": _sha(f.pristine), "patched_sha256": _sha(f.patched)}
                       for f in found},
         }
-        _replace(root, series, [*(atomic_files.Change(f.path, f.patched) for f in found if not f.is_patched),
+        _replace(root, series, [*(atomic_files.Change(f.path, f.patched, f.current) for f in found if not f.is_patched),
                   atomic_files.Change(_marker_path(root), (json.dumps(marker, indent=1) + "\n").encode())])
     finished = " (finishing an interrupted apply)" if st.kind == "interrupted" else ""
     return (f"applied {len(series.patches)} patches to {len(found)} files{finished} "
@@ -248,7 +249,7 @@ def revert(root: Path, series: Series) -> str:
                     raise TreeError(f"{f.rel}: reversing the series does not give the recorded pristine file; "
                                     "nothing changed")
         marker = [atomic_files.Change(_marker_path(root), None)] if st.marker is not None else []
-        _replace(root, series, marker + [atomic_files.Change(f.path, f.pristine) for f in restored])
+        _replace(root, series, marker + [atomic_files.Change(f.path, f.pristine, f.current) for f in restored])
     return f"reverted {len(restored)} files to sglang=={pins.SGLANG} as shipped"
 
 

@@ -9,12 +9,19 @@
    and no visible file has changed.
 2. Commit. Rename each new file over its target, or unlink a target that is to go, in the order
    given, fsyncing the directory after each step, so on disk the steps happen in that order too.
-   If a step fails, the steps already done are undone from the kept links. Then the links are
-   removed.
+   Just before its own step, a target given the bytes it was read as (`Change.read`) must still
+   be the file kept as its link and hold exactly those bytes; otherwise another program wrote it
+   meanwhile, and the step fails rather than lose that edit. If a step fails, the steps already
+   done are undone from the kept links. Then the links are removed.
 
 Every directory the commit step touches gets a new entry in the prepare step, and every file it
 replaces is linked there, so a read-only or immutable directory or file, a mount point and a full
 disk all fail in the prepare step, where failing costs nothing.
+
+What the check cannot see: a write landing between a target's check and its rename (one system
+call), or in a target already renamed before a later step fails and the undo puts the old file
+back. Another program that edits the tree while this runs can still lose that write; the lock
+keeps out only other holders of `locked`.
 
 A crash in step 2 leaves every file either old or new, never half written, and may leave
 temporary files behind: the caller must recognise such a tree by its content (apply.py's
@@ -51,6 +58,7 @@ class WriteError(Exception):
 class Change:
     path: Path
     data: bytes | None  # None: remove the file
+    read: bytes | None = None  # what `data` was computed from: the file must still hold it (None: not checked)
 
 
 def side(path: Path, suffix: str) -> Path:
@@ -168,24 +176,41 @@ def _remove_temporaries(changes: list[Change]) -> None:
             temporary.unlink()
 
 
+def _as_read(c: Change) -> bool:
+    """Whether `c.path` is still the file kept as its link and holds exactly `c.read`."""
+    try:
+        fd = os.open(c.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP):  # removed, or a symlink put in its place
+            return False
+        raise
+    with open(fd, "rb") as f:
+        return os.path.samestat(os.fstat(fd), os.lstat(side(c.path, OLD))) and f.read() == c.read
+
+
 def replace_all(changes: list[Change]) -> None:
     """Make every change or none (see the module's docstring); WriteError says which file failed and why."""
     existed = _prepare(changes)
     done: list[Change] = []
     for c in changes:
         try:
-            if c.data is None:
-                c.path.unlink()
+            if c.read is not None and not _as_read(c):
+                said = f"{c.path} was written by another program after this run read it"
+                then = "nothing was changed; run this again once nothing else edits the tree"
             else:
-                os.replace(side(c.path, NEW), c.path)
-            done.append(c)
-            _fsync_dir(c.path.parent)
+                if c.data is None:
+                    c.path.unlink()
+                else:
+                    os.replace(side(c.path, NEW), c.path)
+                done.append(c)
+                _fsync_dir(c.path.parent)
+                continue
         except OSError as e:
-            said = describe(e, c.path)
-            stuck = _undo(done, existed)
-            if stuck:  # the kept links stay: they are the only copies of the old files
-                raise WriteError(f"{said}; putting back {', '.join(stuck)} failed too: the tree is half changed "
-                                 f"(the old files are beside them as .NAME{OLD}), see `dsaops patches status`") from None
-            _remove_temporaries(changes)
-            raise WriteError(f"{said}; nothing was changed") from None
+            said, then = describe(e, c.path), "nothing was changed"
+        stuck = _undo(done, existed)
+        if stuck:  # the kept links stay: they are the only copies of the old files
+            raise WriteError(f"{said}; putting back {', '.join(stuck)} failed too: the tree is half changed "
+                             f"(the old files are beside them as .NAME{OLD}), see `dsaops patches status`") from None
+        _remove_temporaries(changes)
+        raise WriteError(f"{said}; {then}") from None
     _remove_temporaries(changes)

@@ -6,7 +6,8 @@ real: as root, `chattr +i` on a file or a folder (EPERM), a read-only bind mount
 or of one file (a mount point: EXDEV), a small tmpfs (ENOSPC); without root, a symlink that leaves
 the tree, another apply holding the lock, and a process killed between two renames. Only the
 commit step's own failure is injected (into os.replace), since every real fault is meant to hit the
-prepare step first. Every mount and attribute is undone in a `finally`, whatever the test did.
+prepare step first, and so is another program's write to a target at the first rename (a real write,
+at the one moment that tests the check). Every mount and attribute is undone in a `finally`, whatever the test did.
 """
 from __future__ import annotations
 
@@ -172,6 +173,40 @@ def test_a_failed_rename_is_undone(started, action, monkeypatch, capsys):
     err = refused(action, root, capsys, "(EIO); nothing was changed")
     assert fail_at in err
     assert tree_hash(root) == before
+
+
+@pytest.mark.parametrize("edit", ["appended", "replaced"])
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_a_file_edited_meanwhile_is_kept_and_nothing_changes(started, action, edit, monkeypatch, capsys):
+    """Another program writes the last target after it was read, as the first rename happens: a byte appended
+    in place, or the same bytes renamed over it (another file). The edit stays, no other file changes."""
+    root, before = started
+    target = root / LAST
+    read = target.read_bytes()
+    edited = read + b"#" if edit == "appended" else read
+    real, renames = os.replace, []
+
+    def replace(src, dst):
+        if not renames:
+            if edit == "appended":  # in place: the same file
+                with open(target, "ab") as f:
+                    f.write(b"#")
+            else:  # another file with the same bytes, renamed over it
+                shutil.copy2(target, f"{target}.tmp")
+                real(f"{target}.tmp", target)
+        renames.append(dst)
+        real(src, dst)
+
+    monkeypatch.setattr(atomic_files.os, "replace", replace)
+    err = refused(action, root, capsys, "run this again once nothing else edits the tree")
+    assert str(target) in err and "nothing was changed" in err
+    assert target.read_bytes() == edited
+    target.write_bytes(read)
+    assert tree_hash(root) == before
+    monkeypatch.undo()
+    assert patches(action, root) == 0
+    if action == "apply":
+        assert patches("revert", root) == 0
 
 
 def test_an_undo_that_fails_too_is_said_and_recoverable(root, series, monkeypatch, capsys):
