@@ -1,4 +1,5 @@
-"""The server's API key for dsaops' own clients (`dsaops verify`, `dsaops bench`, the exporter).
+"""The server's API key for dsaops' own clients (`dsaops verify`, `dsaops bench`, the exporter),
+and the exporter's scrape token, read the same way.
 
 A key is read from a file, never taken on a command line, where `ps` shows it to every user of
 the machine. The playbooks keep the cluster's key beside the inventory
@@ -13,29 +14,28 @@ from dsaops.plan_input import open_no_wait
 KEY_MOST_CHARS = 4096   # a key is tens of characters; reading stops here (/dev/zero, a wrong file)
 
 
-def read(path: str | None) -> str | None:
-    """The key in `path` (surrounding whitespace dropped), or None without a path; UserError when
-    the file cannot be read or holds no key."""
+def read(path: str | None, flag: str = "--api-key-file", what: str = "the server's API key") -> str | None:
+    """The key in `path` (surrounding whitespace dropped), or None without a path; UserError naming
+    `flag` and saying to write `what` when the file cannot be read or holds no key."""
     if path is None:
         return None
     try:
         with open_no_wait(path) as f:
             raw = f.read(KEY_MOST_CHARS + 1)
         if len(raw) > KEY_MOST_CHARS:
-            raise UserError(f"--api-key-file {path} holds more than {KEY_MOST_CHARS} characters: give the file "
-                            "that holds the server's API key alone")
+            raise UserError(f"{flag} {path} holds more than {KEY_MOST_CHARS} characters: give the file that "
+                            f"holds {what} alone")
         key = raw.decode()
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
-        raise UserError(f"--api-key-file {path}: {why}; give a file that holds the server's API key") from None
+        raise UserError(f"{flag} {path}: {why}; give a file that holds {what}") from None
     key = key.strip()
     if not key:
-        raise UserError(f"--api-key-file {path} is empty: write the server's API key in it")
+        raise UserError(f"{flag} {path} is empty: write {what} in it")
     if any(c.isspace() for c in key):
-        raise UserError(f"--api-key-file {path}: holds more than the key; write the server's API key alone on one line")
+        raise UserError(f"{flag} {path}: holds more than the key; write {what} alone on one line")
     if not key.isascii() or not key.isprintable():    # an HTTP header carries no more; the playbooks' keys are ASCII
-        raise UserError(f"--api-key-file {path} holds a character other than printable ASCII: write the server's "
-                        "API key alone")
+        raise UserError(f"{flag} {path} holds a character other than printable ASCII: write {what} alone")
     return key
 
 

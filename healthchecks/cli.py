@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
                                           "command line); /health needs none")
     p.add_argument("--log-file", help="SGLang's log file, followed like tail -F")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
+    p.add_argument("--token-file", help="a file holding the bearer token every request must then carry "
+                                        "(Authorization: Bearer TOKEN; Prometheus' credentials_file)")
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
     # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s;
@@ -136,17 +138,19 @@ def run_exporter(args) -> int:
         check_docker_url(args.docker_url)
     plan = read_plan(args.plan) if args.plan else NO_PLAN
     key = api_key.read(args.api_key_file)
+    token = api_key.read(args.token_file, "--token-file", "the bearer token Prometheus sends")
     exporter = Exporter(Config(server_url=args.server_url, api_key=key, node=args.node, log_file=args.log_file,
                                interval=args.interval, stop_window=args.stop_window,
                                plan=plan,
                                containers=args.container, docker_url=args.docker_url, state_file=args.state_file,
                                kmsg=None if args.kmsg == "none" else args.kmsg, cgroup_root=args.cgroup_root))
     try:
-        server = serve(exporter, host, port)
+        server = serve(exporter, host, port, token)
     except OSError as e:
         raise UserError(f"--listen {args.listen}: {e.strerror}; choose another address or port") from e
     exporter.start()
-    print(f"dsaops exporter: serving http://{host}:{port}/metrics (node={args.node})", flush=True)
+    print(f"dsaops exporter: serving http://{host}:{port}/metrics (node={args.node}"
+          f"{', bearer token required' if token else ''})", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `docker stop` ends it as Ctrl-C does: state saved
     try:
         server.serve_forever()

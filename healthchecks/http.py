@@ -1,4 +1,5 @@
-"""The exporter's HTTP side: /metrics (a fresh registry per scrape) and a small index page.
+"""The exporter's HTTP side: /metrics (a fresh registry per scrape) and a small index page, both
+behind `Authorization: Bearer <token>` when the exporter has a token (401 without it).
 
 Bounded: a connection gets a worker thread only once its whole request has arrived (one thread
 reads what arrives of every connection's request, at most `MAX_REQUEST` bytes, in one selector),
@@ -10,6 +11,7 @@ scrape still gets one.
 """
 from __future__ import annotations
 
+import hmac
 import io
 import selectors
 import socket
@@ -154,10 +156,22 @@ class BoundedServer(WSGIServer):
         self._waker.close()
 
 
-def app(exporter):
+def authorized(environ, token: str | None) -> bool:
+    """True without a token, else when the request carries `Authorization: Bearer <token>`."""
+    if token is None:
+        return True
+    scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+    # constant time: the answer's timing tells nothing of how much of a guess was right
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1", "replace"), token.encode())
+
+
+def app(exporter, token: str | None = None):
     def wsgi(environ, start_response):
         path = environ.get("PATH_INFO", "/")
-        if path == "/metrics":
+        if not authorized(environ, token):
+            body = b"unauthorized: send Authorization: Bearer <token>\n"
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+        elif path == "/metrics":
             body = exporter.scrape()
             start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
         elif path == "/":
@@ -171,8 +185,9 @@ def app(exporter):
     return wsgi
 
 
-def serve(exporter, host: str, port: int, **limits) -> BoundedServer:
-    """A started-but-not-serving server; call `serve_forever()` (or run it in a thread)."""
+def serve(exporter, host: str, port: int, token: str | None = None, **limits) -> BoundedServer:
+    """A started-but-not-serving server, answering only requests with `token` when one is given; call
+    `serve_forever()` (or run it in a thread)."""
     server = BoundedServer((host, port), **limits)
-    server.set_app(app(exporter))
+    server.set_app(app(exporter, token))
     return server

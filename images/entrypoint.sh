@@ -84,10 +84,12 @@ exec {out}>&-  # only SGLang holds the pipe now: the writer ends once SGLang and
 exporter=""
 if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
     # DSAOPS_EXPORTER_PLAN: `dsaops plan --json` output, for the "KV pool below plan" alert;
-    # DSAOPS_EXPORTER_API_KEY_FILE: the server's API key, for /server_info (never on a command line).
+    # DSAOPS_EXPORTER_API_KEY_FILE: the server's API key, for /server_info (never on a command line);
+    # DSAOPS_EXPORTER_TOKEN_FILE: the bearer token every scrape must then carry.
     options=()
     [ -z "${DSAOPS_EXPORTER_PLAN:-}" ] || options+=(--plan "$DSAOPS_EXPORTER_PLAN")
     [ -z "${DSAOPS_EXPORTER_API_KEY_FILE:-}" ] || options+=(--api-key-file "$DSAOPS_EXPORTER_API_KEY_FILE")
+    [ -z "${DSAOPS_EXPORTER_TOKEN_FILE:-}" ] || options+=(--token-file "$DSAOPS_EXPORTER_TOKEN_FILE")
     state="$(dirname "$log")/dsaops-exporter.state.json"
     dsaops exporter --server-url "http://$host:$port" --log-file "$log" --state-file "$state" \
         --listen "${DSAOPS_EXPORTER_LISTEN:-127.0.0.1:9860}" --node "${DSAOPS_NODE:-$(hostname)}" "${options[@]}" &

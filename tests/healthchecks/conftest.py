@@ -43,19 +43,29 @@ def launcher():
 
 class Prometheus:
     """A real Prometheus server (Debian's package) on loopback, scraping one exporter port
-    every second; each test's exporter takes that port in turn, with its own `node`."""
+    every second; each test's exporter takes that port in turn, with its own `node`. Two more
+    jobs scrape `token_port` with a bearer token from a file: `token` (jobs `token-right`) and
+    a wrong one (`token-wrong`)."""
+
+    token = "the-scrape-token-0123456789"
 
     def __init__(self, tmp: Path, exporter_port: int):
         from dsaops.healthchecks.scrape import exporter_job
 
-        self.exporter_port = exporter_port
+        self.exporter_port, self.token_port = exporter_port, free_port()
         self.port = free_port()
         self.job = exporter_job()  # the job the rules select, as the playbook's configuration names it
+        (tmp / "token-right").write_text(self.token + "\n")
+        (tmp / "token-wrong").write_text(self.token[:-1] + "\n")
         config = tmp / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             f"scrape_configs:\n  - job_name: {self.job}\n    honor_labels: true\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+            f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n"
+            + "".join(f"  - job_name: token-{which}\n"
+                      f"    authorization: {{type: Bearer, credentials_file: token-{which}}}\n"
+                      f"    static_configs: [{{targets: ['127.0.0.1:{self.token_port}']}}]\n"
+                      for which in ("right", "wrong")))
         self.log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -110,15 +120,15 @@ def prometheus(tmp_path_factory):
 
 @pytest.fixture
 def exporter_on(request):
-    """exporter_on(Config, port): the real exporter (background readers + HTTP server) on loopback."""
+    """exporter_on(Config, port, token): the real exporter (background readers + HTTP server) on loopback."""
     from dsaops.healthchecks.exporter import Exporter
     from dsaops.healthchecks.http import serve
 
     running = []
 
-    def start(cfg, port=0):
+    def start(cfg, port=0, token=None):
         exp = Exporter(cfg).start()
-        server = serve(exp, "127.0.0.1", port)
+        server = serve(exp, "127.0.0.1", port, token)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         running.append((exp, server))
         exp.url = f"http://127.0.0.1:{server.server_address[1]}/metrics"

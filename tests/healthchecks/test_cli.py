@@ -5,6 +5,10 @@ import json
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+
+import pytest
 
 from tests.healthchecks.prometheus_text import scrape
 from tests.support.polling import wait_for
@@ -168,3 +172,56 @@ def test_a_missing_package_of_the_exporter_extra_names_the_install():
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
         assert one_line_error(r, f"dsaops {args[0]}: the Python package {missing} is not installed"), (missing, r.stderr)
         assert "pip install -e '.[exporter]'" in r.stderr
+
+
+def status_of(url: str, token: str | None = None) -> tuple[int, str | None]:
+    """The HTTP status of a GET of `url` (with `Authorization: Bearer token`), and its WWW-Authenticate header."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return r.status, r.headers.get("WWW-Authenticate")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("WWW-Authenticate")
+
+
+def started(*args) -> subprocess.Popen:
+    """`dsaops exporter ARGS` once it says it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "dsaops", "exporter", "--kmsg", "none", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    assert "serving" in line, line + proc.stdout.read()
+    return proc
+
+
+def test_with_a_token_every_route_wants_it(tmp_path, fake_server):
+    """Without the token, a wrong one or another scheme: 401 and `WWW-Authenticate: Bearer`, on every path."""
+    token = tmp_path / "token"
+    token.write_text("the-scrape-token-0123456789\n")
+    port = free_port()
+    proc = started("--server-url", fake_server.url, "--listen", f"0.0.0.0:{port}", "--token-file", str(token))
+    try:
+        for path in ("/metrics", "/", "/nowhere"):
+            url = f"http://127.0.0.1:{port}{path}"
+            assert status_of(url) == (401, "Bearer"), path
+            assert status_of(url, "the-scrape-token-012345678") == (401, "Bearer"), path
+            assert status_of(url, "the-scrape-token-0123456789x") == (401, "Bearer"), path
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Authorization": "Basic the-scrape-token-0123456789"})
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(request, timeout=5)
+        assert status_of(f"http://127.0.0.1:{port}/metrics", "the-scrape-token-0123456789") == (200, None)
+        assert status_of(f"http://127.0.0.1:{port}/", "the-scrape-token-0123456789") == (200, None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_token_file_without_a_token_is_refused(tmp_path):
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "two").write_text("one two\n")
+    for name, says in (("empty", "is empty: write the bearer token Prometheus sends in it"),
+                       ("two", ": holds more than the key"), ("missing", ": No such file or directory; give a file")):
+        r = dsaops("exporter", "--server-url", "http://127.0.0.1:1", "--listen", f"0.0.0.0:{free_port()}",
+                   "--token-file", str(tmp_path / name), "--kmsg", "none", timeout=10)
+        assert one_line_error(r, f"dsaops exporter: --token-file {tmp_path / name}"), r.stderr
+        assert says in r.stderr, r.stderr

@@ -120,3 +120,14 @@ def test_garbage_in_keeps_serving_counts_and_recovers(stack):
     server.close()  # server down
     assert seen(stack, sel(stack, "dsa_server_up"), 0.0, timeout=8)
     assert prom.value(f'up{{job="{prom.job}",instance="127.0.0.1:{prom.exporter_port}"}}') == 1
+
+
+def test_prometheus_scrapes_with_the_token_from_its_file_and_not_without(prometheus, fake_server, exporter_on):
+    """The playbook's scrape: `authorization: {type: Bearer, credentials_file}`; the wrong token's job is down."""
+    node = "token-node"
+    exporter_on(Config(server_url=fake_server.url, node=node, interval=1.0, kmsg=None), prometheus.token_port,
+                token=prometheus.token)
+    assert wait_for(lambda: prometheus.value('up{job="token-right"}') == 1.0, 15, 0.25)
+    assert wait_for(lambda: prometheus.value('up{job="token-wrong"}') == 0.0, 15, 0.25)
+    assert wait_for(lambda: prometheus.value(f'dsa_server_up{{job="token-right",node="{node}"}}') == 1.0, 15, 0.25)
+    assert prometheus.value('dsa_server_up{job="token-wrong"}') is None
