@@ -205,6 +205,7 @@ VARIABLES: dict[str, str] = {
     "dsaops_exporter_mode": "exporter_mode",
     "dsaops_exporter_port": "port", "dsaops_exporter_listen_host": "exporter_listen", "dsaops_monitoring_allow": "cidrs",
     "dsaops_root": "root", "dsaops_api_key": "api_key", "dsaops_admin_api_key": "api_key",
+    "dsaops_exporter_token": "secret", "monitoring_exporter_token_file": "path",
     "network_mtu": "mtu", "network_firewall_file": "path", "network_firewall_allow": "cidrs",
     "sglang_server_extra_args": "args", "sglang_server_extra_env": "env",
     "sglang_server_hf_token": "token", "sglang_server_container_name": "name", "sglang_server_shm_size": "size",
@@ -238,6 +239,7 @@ VARIABLES: dict[str, str] = {
 # directly (-e @FILE, the inventory), dsaops deploy checks them; names() leaves them out of the playbooks' check,
 # which would render the default and so run the lookup, writing the generated key even under --print-commands.
 VALUES: dict[str, str] = {"dsaops_api_key_value": "api_key_value", "dsaops_admin_api_key_value": "api_key_value",
+                          "dsaops_exporter_token_value": "secret_value",
                           "monitoring_grafana_admin_password_value": "secret_value"}
 # Variables renamed, old name: new name. A value set under the old name is refused, naming the new
 # one, so that an inventory written for the old name stops instead of being ignored.

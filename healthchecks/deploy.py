@@ -10,8 +10,8 @@ Two containers from the serving image, each with Docker's restart policy:
   the server log's folder read-only; its own state folder; the host's PID namespace (the ranks,
   and their pids inside the server container through NSpid) and the host's cgroup namespace with
   the node's cgroup tree read-only (where an OOM kill is counted); the proxy's socket; the API key
-  file read-only (for /server_info); with `kmsg`, /dev/kmsg and CAP_SYSLOG (the kernel's OOM
-  record, which names the pid). Host network (it serves /metrics and reads the server at
+  file read-only (for /server_info); the token file read-only (every scrape must carry its token);
+  with `kmsg`, /dev/kmsg and CAP_SYSLOG (the kernel's OOM record, which names the pid). Host network (it serves /metrics and reads the server at
   `server_host`, loopback unless the server listens on one address only), read-only root, no other
   capability, no new privileges. It runs as nobody; with `kmsg` as uid 0 holding CAP_SYSLOG alone
   (Docker gives an added capability to uid 0 only), in nobody's group to reach the proxy's socket.
@@ -38,6 +38,7 @@ class ExporterDeployment:
     run_dir: str = "/run/dsaops"
     plan: str | None = None
     api_key_file: str | None = None
+    token_file: str | None = None
     kmsg: bool = True
     docker_gid: int = 0
     exporter_name: str = "dsaops-exporter"
@@ -86,6 +87,8 @@ def exporter_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str
         options += ["--volume", f"{d.plan}:{d.plan}:ro"]
     if d.api_key_file:
         options += ["--volume", f"{d.api_key_file}:{d.api_key_file}:ro"]
+    if d.token_file:
+        options += ["--volume", f"{d.token_file}:{d.token_file}:ro"]
     command = ["dsaops", "exporter", "--server-url", f"http://{d.server_host}:{d.server_port}", "--log-file", d.log_file,
                "--state-file", f"{d.state_dir}/state.json", "--listen", d.listen, "--node", d.node,
                "--container", d.server_container, "--docker-url", f"unix://{d.proxy_socket}",
@@ -94,6 +97,8 @@ def exporter_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str
         command += ["--plan", d.plan]
     if d.api_key_file:
         command += ["--api-key-file", d.api_key_file]
+    if d.token_file:
+        command += ["--token-file", d.token_file]
     return [*options, *extra, d.image, *command]
 
 

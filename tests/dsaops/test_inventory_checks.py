@@ -9,7 +9,16 @@ import pytest
 import yaml
 from dsaops.healthchecks.http import serve
 
-from dsaops.inventory_checks import KINDS, SECRET_VARIABLES, VARIABLES, names, port_collisions, refusal, refusals
+from dsaops.inventory_checks import (
+    KINDS,
+    SECRET_VARIABLES,
+    VALUES,
+    VARIABLES,
+    names,
+    port_collisions,
+    refusal,
+    refusals,
+)
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"
 ROLE_DEFAULTS = {k: v for path in sorted(PLAYBOOKS.glob("roles/*/defaults/main.yml"))
@@ -209,8 +218,11 @@ def test_an_extra_sysctl_may_not_pass_the_guard_rails_by_another_name(key, varia
     assert line is not None and variable in line
 
 
-@pytest.mark.parametrize("name, dash", [("dsaops_api_key_value", False), ("dsaops_admin_api_key_value", False),
-                                        ("monitoring_grafana_admin_password_value", True)])
+def test_every_value_a_role_writes_a_key_into_is_checked():
+    assert sorted(VALUES) == sorted(name for name in ROLE_DEFAULTS if name.endswith("_value"))
+
+
+@pytest.mark.parametrize("name, dash", [(name, kind == "secret_value") for name, kind in sorted(VALUES.items())])
 def test_a_key_in_use_set_directly_is_checked_as_the_key_it_replaces(name, dash):
     """`-e @FILE` (or the inventory) may set the *_value keys the roles write, past the key rules; checked here, by
     dsaops deploy, and never queried by the playbooks' check, which would render the default's password lookup

@@ -87,6 +87,7 @@ def rendered(tmp_path_factory, promtool):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     root = tmp / "root"
     yield {"prometheus": root / "etc/dsaops/prometheus/prometheus.yml",
+           "token": (root / "etc/dsaops/prometheus/exporter-token").read_text().strip(),
            "alertmanager": root / "etc/dsaops/alertmanager/alertmanager.yml", "ports": ports, "hook": hook,
            "tmp": tmp, "promtool": promtool}
     hook.close()
@@ -122,6 +123,12 @@ def test_the_playbooks_scrape_job_is_the_one_the_rules_watch(rendered, tmp_path)
     r = promtool_test(rendered, tmp_path, job, expect_fire=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert found[job]["honor_labels"] is True  # the series' own `node` label is kept
+    # the token beside prometheus.yml, generated on the controller, Prometheus' user's alone
+    assert found[job]["authorization"] == {"type": "Bearer", "credentials_file": "exporter-token"}
+    token = rendered["prometheus"].parent / "exporter-token"
+    generated = (rendered["tmp"] / "inventory.secrets" / "exporter-token").read_text().strip()
+    assert token.read_text() == generated + "\n" and len(generated) == 40
+    assert (token.stat().st_mode & 0o777, token.stat().st_uid) == (0o400, 65534)
 
 
 def test_negative_control_another_job_name_never_fires(rendered, tmp_path):
@@ -135,7 +142,7 @@ def test_an_alert_reaches_the_webhook(rendered, exporter_on, launcher, fake_serv
     log = tmp_path / "sglang.log"
     lch = launcher([f"sglang::scheduler_TP{i}" for i in range(2)], "--log", str(log))
     exp = exporter_on(Config(server_url=fake_server.url, node="n1", log_file=str(log), interval=1.0, kmsg=None),
-                      rendered["ports"]["exporter"])
+                      rendered["ports"]["exporter"], token=rendered["token"])  # the token the play generated
     exp.watcher.scan_interval = 0.5
     procs = []
     try:

@@ -167,7 +167,8 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
 SERVER_UID = 10001     # the sm_121 image's user (dsaops/targets.toml image_uid)
 # Where each secret may be, under a node's root prefix: nowhere else on the nodes.
 SECRET_FILES = {"etc/dsaops/sglang-secrets.yaml", "etc/dsaops/api-key", "etc/dsaops/hf-token",
-                "etc/dsaops/exporter/api-key", "etc/dsaops/grafana/admin-password"}
+                "etc/dsaops/exporter/api-key", "etc/dsaops/exporter/token", "etc/dsaops/grafana/admin-password",
+                "etc/dsaops/prometheus/exporter-token"}
 
 
 def secrets_stay_in_their_files(roots, inventory, token, command_lines):
@@ -175,11 +176,16 @@ def secrets_stay_in_their_files(roots, inventory, token, command_lines):
     in files only their reader may read, and no command line, rendered script or other file."""
     folder = inventory.with_suffix(".secrets")
     files = {f.name: f.read_text() for f in folder.iterdir()}
-    assert set(files) == {"api-key", "admin-api-key", "grafana-admin-password"}, files
+    assert set(files) == {"api-key", "admin-api-key", "grafana-admin-password", "exporter-token"}, files
     assert folder.stat().st_mode & 0o777 == 0o700
     assert all((folder / name).stat().st_mode & 0o777 == 0o600 for name in files)
-    key, admin, grafana = (files[n].strip() for n in ("api-key", "admin-api-key", "grafana-admin-password"))
-    assert len(key) == len(admin) == 40 and len(grafana) == 24 and len({key, admin, grafana}) == 3
+    key, admin, grafana, scrape = (files[n].strip() for n in ("api-key", "admin-api-key", "grafana-admin-password",
+                                                              "exporter-token"))
+    assert len(key) == len(admin) == len(scrape) == 40 and len(grafana) == 24 and len({key, admin, grafana, scrape}) == 4
+    # Prometheus' copy, its user's alone, beside the prometheus.yml that names it
+    prom_token = roots["mon"] / "etc/dsaops/prometheus/exporter-token"
+    assert (prom_token.stat().st_uid, prom_token.stat().st_mode & 0o777) == (65534, 0o400)
+    assert prom_token.read_text().strip() == scrape
 
     for node in ("node1", "node2"):
         etc = roots[node] / "etc/dsaops"
@@ -196,16 +202,20 @@ def secrets_stay_in_their_files(roots, inventory, token, command_lines):
         assert "--volume /etc/dsaops/hf-token:/etc/dsaops/hf-token:ro" in script and "HF_TOKEN=" not in script
         exporter = (roots[node] / "usr/local/bin/dsaops-exporter").read_text()
         assert "--api-key-file /etc/dsaops/exporter/api-key" in exporter
+        assert "--token-file /etc/dsaops/exporter/token" in exporter
         assert "hf-token" not in exporter and "HF_TOKEN" not in exporter and "--env-file" not in exporter
         assert (etc / "exporter/api-key").stat().st_mode & 0o777 == 0o400
+        assert ((etc / "exporter/token").stat().st_mode & 0o777, (etc / "exporter/token").read_text().strip()) == (
+            0o400, scrape)
+        assert "exporter-token" not in script and not (etc / "exporter-token").exists()  # the exporter's own container
 
     for node, root in roots.items():
         for path in root.rglob("*"):
             if path.is_file() and not path.is_symlink():
                 data = path.read_bytes()
-                holds = [s for s in (key, admin, grafana, token) if s.encode() in data]
+                holds = [s for s in (key, admin, grafana, token, scrape) if s.encode() in data]
                 assert not holds or str(path.relative_to(root)) in SECRET_FILES, (node, path)
-    leaked = [line for line in command_lines if any(s.encode() in line for s in (key, admin, grafana, token))]
+    leaked = [line for line in command_lines if any(s.encode() in line for s in (key, admin, grafana, token, scrape))]
     assert not leaked, leaked
     return SimpleNamespace(dir=folder, files=files, key=key, admin=admin, grafana=grafana)
 

@@ -420,6 +420,7 @@ HOSTILE = {
     # the server's --config file and token file, and the files and roots every role writes under
     "sglang_server_hf_token": "hf_x\nEVIL=1",
     "dsaops_api_key": "short", "dsaops_admin_api_key": "-dash-0123456789abcdef",
+    "dsaops_exporter_token": "spaced token 0123456789",
     "monitoring_exporter_api_key_file": "/etc/x\ntouch /tmp/dsaops-pwned", "weights_hf_token_file": "hf-token",
     "host_memory_sshd_pidfile": "/run/sshd.pid; touch /tmp/dsaops-pwned", "host_memory_root": "roots/x",
     "monitoring_root": "/srv/a b", "network_root": "/srv/$(id)", "sglang_server_root": "/srv/x\n",
@@ -432,7 +433,7 @@ HOSTILE = {
     # renamed variables: set under their old names, they would be ignored
     "sglang_server_config_dir": "/srv/dsaops", "sglang_server_log_dir": "/srv/logs",
 }
-SECRET_VALUES = ("hf_x", "short", "-dash-0123456789abcdef")
+SECRET_VALUES = ("hf_x", "short", "-dash-0123456789abcdef", "spaced token 0123456789")
 
 
 def _hostile_inventory(tmp_path):
@@ -462,7 +463,7 @@ def test_hostile_values_stop_the_run_before_anything_renders(tmp_path):
 
 
 @pytest.mark.parametrize("extra", ["sglang_server_hf_token=hf_abc", '{"dsaops_api_key": "x"}',
-                                   "a=1 monitoring_grafana_admin_password=p"])
+                                   "a=1 monitoring_grafana_admin_password=p", "dsaops_exporter_token=t"])
 def test_a_secret_on_the_command_line_is_refused(extra):
     result = print_commands("h20-8gpu", "-e", extra)
     assert result.returncode == 2 and "a secret on the command line is shown by ps" in result.stderr
@@ -763,13 +764,16 @@ def test_a_new_plan_re_creates_the_exporter(tmp_path):
 
 
 @contextlib.contextmanager
-def answering(host: str):
-    """A real HTTP server on `host` (a free port) that answers every GET with 200: yields it and the paths asked."""
+def answering(host: str, headers: list | None = None):
+    """A real HTTP server on `host` (a free port) that answers every GET with 200: yields it and the paths asked
+    (and appends each request's headers to `headers`)."""
     asked = []
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             asked.append(self.path)
+            if headers is not None:
+                headers.append(dict(self.headers))
             self.send_response(200)
             self.end_headers()
 
@@ -786,11 +790,54 @@ def answering(host: str):
 
 def test_the_exporter_is_probed_at_the_address_it_listens_on(tmp_path):
     """An exporter bound to one address answers there and nowhere else (not on 127.0.0.1): the role's probe
-    reaches a real listener on 127.0.0.2."""
-    with answering("127.0.0.2") as (exporter, probed):
-        monitoring_role(tmp_path, dsaops_exporter_mode="inside", monitoring_probe_exporter=True,
-                        dsaops_exporter_listen_host="127.0.0.2", dsaops_exporter_port=exporter.server_port)
-    assert probed == ["/metrics"]
+    reaches a real listener on 127.0.0.2, with the scrape token, which the run's output does not show."""
+    headers = []
+    with answering("127.0.0.2", headers) as (exporter, probed):
+        result = monitoring_role(tmp_path, "-v", dsaops_exporter_mode="inside", monitoring_probe_exporter=True,
+                                 dsaops_exporter_token=SCRAPE_TOKEN,
+                                 dsaops_exporter_listen_host="127.0.0.2", dsaops_exporter_port=exporter.server_port)
+    assert probed == ["/metrics"] and headers[0]["Authorization"] == f"Bearer {SCRAPE_TOKEN}"
+    assert SCRAPE_TOKEN not in result.stdout + result.stderr
+
+
+SCRAPE_TOKEN = "the-scrape-token-0123456789"
+
+
+def test_the_scrape_token_reaches_the_exporter_and_prometheus_only(tmp_path):
+    """One token: on the node a file only the exporter's user reads, mounted into the exporter's container alone
+    and named by --token-file; on the monitoring host a file only Prometheus' user reads, beside prometheus.yml,
+    which names it in the exporters' job (relative: /etc/prometheus/exporter-token in the container)."""
+    for host in ("node", "mon"):
+        (tmp_path / host).mkdir()
+    monitoring_role(tmp_path / "node", monitoring_exporter_kmsg=False, dsaops_exporter_token=SCRAPE_TOKEN)
+    token = tmp_path / "node/root/etc/dsaops/exporter/token"
+    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid) == (SCRAPE_TOKEN + "\n", 0o400, 65534)
+    script = (tmp_path / "node/root/usr/local/bin/dsaops-exporter").read_text()
+    proxy, exporter = (line for line in script.splitlines() if line.startswith("docker run"))
+    assert "token" not in proxy and SCRAPE_TOKEN not in script
+    assert "--volume /etc/dsaops/exporter/token:/etc/dsaops/exporter/token:ro" in exporter
+    assert "--token-file /etc/dsaops/exporter/token" in exporter
+
+    role_here(tmp_path / "mon", "monitoring", tasks_from="stack", monitoring_start="no", dsaops_exporter_token=SCRAPE_TOKEN,
+              **{f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
+                  ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
+                  ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))})
+    prometheus = tmp_path / "mon/root/etc/dsaops/prometheus"
+    token = prometheus / "exporter-token"
+    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid) == (SCRAPE_TOKEN + "\n", 0o400, 65534)
+    jobs = yaml.safe_load((prometheus / "prometheus.yml").read_text())["scrape_configs"]
+    assert [job.get("authorization") for job in jobs] == [{"type": "Bearer", "credentials_file": "exporter-token"}, None]
+    assert SCRAPE_TOKEN not in (prometheus / "prometheus.yml").read_text()
+
+
+def test_an_exporter_inside_the_server_container_gets_the_token(printed):
+    """dsaops_exporter_mode inside: the server container's exporter listens on dsaops_exporter_listen_host (every
+    address), so it gets the token file, mounted read-only; the exporter's own container leaves it out."""
+    inside = print_commands("h20-8gpu", "-e", "dsaops_exporter_mode=inside")
+    assert inside.returncode == 0, inside.stderr[-3000:]
+    for text, expected in ((inside.stdout, True), (printed["h20-8gpu"].stdout, False)):
+        assert ("--env DSAOPS_EXPORTER_TOKEN_FILE=/etc/dsaops/exporter-token " in text) == expected
+        assert ("--volume /etc/dsaops/exporter-token:/etc/dsaops/exporter-token:ro" in text) == expected
 
 
 def test_the_head_is_awaited_at_the_address_it_listens_on(tmp_path):
