@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import os
 import signal
 import socket
@@ -13,7 +14,7 @@ from dsaops.errors import UserError
 from dsaops.plan_input import shown
 
 # not 9400 (dcgm-exporter) nor 9100 (node_exporter); loopback unless told otherwise (the playbooks give
-# each node's exporter an address and fence its port to the monitoring hosts)
+# each node's exporter an address and a token, and fence its port to the monitoring hosts)
 DEFAULT_LISTEN = "127.0.0.1:9860"
 DEFAULT_PROXY_SOCKET = "/run/dsaops/docker.sock"
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the final NUL
@@ -29,7 +30,10 @@ def add_parser(sub) -> None:
     p.add_argument("--log-file", help="SGLang's log file, followed like tail -F")
     p.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT to serve /metrics on (default {DEFAULT_LISTEN})")
     p.add_argument("--token-file", help="a file holding the bearer token every request must then carry "
-                                        "(Authorization: Bearer TOKEN; Prometheus' credentials_file)")
+                                        "(Authorization: Bearer TOKEN; Prometheus' credentials_file); required "
+                                        "on an address other than loopback")
+    p.add_argument("--allow-no-token", action="store_true",
+                   help="serve on an address other than loopback without a token (a firewall alone guards it)")
     p.add_argument("--node", default=os.environ.get("DSAOPS_NODE") or socket.gethostname(),
                    help="the `node` label on every series (default $DSAOPS_NODE or the host name)")
     # at most 50 s: DsaExporterStale fires when a loop has not turned for 60 s, and a poll may take 2 x 3 s;
@@ -119,6 +123,13 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", number
 
 
+def loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:      # a name other than localhost may resolve to any address
+        return False
+
+
 def run_exporter(args) -> int:
     require("prometheus_client", "psutil", *(["docker"] if args.container else []))
     from dsaops.healthchecks.exporter import Config, Exporter
@@ -128,6 +139,9 @@ def run_exporter(args) -> int:
     from dsaops import api_key
 
     host, port = parse_listen(args.listen)
+    if not (args.token_file or args.allow_no_token or loopback(host)):
+        raise UserError(f"--listen {shown(args.listen)} is reachable from other machines: add --token-file FILE "
+                        "(the bearer token Prometheus sends), or --allow-no-token to serve it to anyone who reaches it")
     check_server_url(args.server_url)
     if args.state_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.state_file))):
         raise UserError(f"--state-file {args.state_file}: its folder does not exist; create it or mount one there")

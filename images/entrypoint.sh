@@ -85,7 +85,8 @@ exporter=""
 if [ "${DSAOPS_EXPORTER:-1}" != 0 ]; then
     # DSAOPS_EXPORTER_PLAN: `dsaops plan --json` output, for the "KV pool below plan" alert;
     # DSAOPS_EXPORTER_API_KEY_FILE: the server's API key, for /server_info (never on a command line);
-    # DSAOPS_EXPORTER_TOKEN_FILE: the bearer token every scrape must then carry.
+    # DSAOPS_EXPORTER_TOKEN_FILE: the bearer token scrapes must carry, required unless it listens on
+    # loopback (DSAOPS_EXPORTER_LISTEN, default 127.0.0.1:9860).
     options=()
     [ -z "${DSAOPS_EXPORTER_PLAN:-}" ] || options+=(--plan "$DSAOPS_EXPORTER_PLAN")
     [ -z "${DSAOPS_EXPORTER_API_KEY_FILE:-}" ] || options+=(--api-key-file "$DSAOPS_EXPORTER_API_KEY_FILE")

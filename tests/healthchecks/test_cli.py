@@ -216,6 +216,24 @@ def test_with_a_token_every_route_wants_it(tmp_path, fake_server):
         proc.wait(timeout=10)
 
 
+def test_every_address_without_a_token_is_refused_unless_allowed(tmp_path, fake_server):
+    """0.0.0.0 served /metrics to anyone the firewall let through: now one line, exit 2, nothing listening."""
+    port = free_port()
+    for listen in (f"0.0.0.0:{port}", f":{port}", f"myhost:{port}"):
+        r = dsaops("exporter", "--server-url", fake_server.url, "--listen", listen, "--kmsg", "none", timeout=10)
+        assert one_line_error(r, f"dsaops exporter: --listen '{listen}' is reachable from other machines: add "
+                                 "--token-file FILE"), r.stderr
+        assert "--allow-no-token" in r.stderr
+    with socket.socket() as free:
+        free.bind(("0.0.0.0", port))    # nothing was left listening
+    proc = started("--server-url", fake_server.url, "--listen", f"0.0.0.0:{port}", "--allow-no-token")
+    try:
+        assert status_of(f"http://127.0.0.1:{port}/metrics") == (200, None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_a_token_file_without_a_token_is_refused(tmp_path):
     (tmp_path / "empty").write_text("\n")
     (tmp_path / "two").write_text("one two\n")

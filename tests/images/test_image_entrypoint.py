@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def start(tmp_path: Path, *args: str, wrap: tuple[str, ...] = (), **env: str) ->
     """The entrypoint with args, its environment updated by env; wrap: a command line it runs under."""
     environ = os.environ | {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # python3 and dsaops of this venv
-        "PYTHONPATH": str(HERE),
+        "PYTHONPATH": f"{HERE}{os.pathsep}{REPO}",    # the stand-in; dsaops of this checkout, whatever is installed
         "DSAOPS_SERVER_MODULE": "standin_server",
         "DSAOPS_LOG_FILE": str(tmp_path / "log" / "sglang.log"),
         "DSAOPS_EXPORTER": "0",
@@ -76,6 +77,45 @@ def test_sigterm_stops_server_then_exporter_with_servers_status(tmp_path):
     assert not exporter.is_running()
     assert metrics(port) == ""
     assert (tmp_path / "log" / "dsaops-exporter.state.json").is_file()  # in-container mode: state on the log volume
+
+
+def status(port: int, token: str | None = None) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def test_an_exporter_on_every_address_wants_the_token_file(tmp_path):
+    """As the playbooks' dsaops_exporter_mode inside runs it: with DSAOPS_EXPORTER_TOKEN_FILE a scrape needs the
+    token; without it the exporter does not start, in one line, and SGLang serves on."""
+    token = tmp_path / "token"
+    token.write_text("the-scrape-token-0123456789\n")
+    port = free_port()
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_EXPORTER="1", DSAOPS_EXPORTER_LISTEN=f"0.0.0.0:{port}",
+                 DSAOPS_EXPORTER_TOKEN_FILE=str(token), DSAOPS_SERVER_PORT=str(free_port()))
+    try:
+        assert wait_for(lambda: status(port, "the-scrape-token-0123456789") == 200, 30), "the exporter never answered"
+        assert status(port) == status(port, "the-scrape-token-012345678") == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    (tmp_path / "log" / "sglang.log").unlink()
+    proc = start(tmp_path, "--model-path", "/m", DSAOPS_EXPORTER="1", DSAOPS_EXPORTER_LISTEN=f"0.0.0.0:{port}",
+                 DSAOPS_SERVER_PORT=str(free_port()))
+    try:
+        assert wait_for(lambda: "standin pid=" in log_of(tmp_path), 20)
+        assert wait_for(lambda: not any("exporter" in c.cmdline() for c in psutil.Process(proc.pid).children()), 20)
+        assert proc.poll() is None and status(port) == 0
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert f"dsaops exporter: --listen '0.0.0.0:{port}' is reachable from other machines: add --token-file" in stderr
 
 
 def test_the_log_holds_the_servers_last_lines_when_the_entrypoint_exits(tmp_path):
