@@ -63,8 +63,8 @@ def _same_port(given: str, port: str) -> bool:
     return given == port or ((number := digits(given)) is not None and number == digits(port))
 
 
-def _loopback(bound: str | None) -> bool:
-    """Whether SGLang bound there answers this machine only (None: SGLang's default, 127.0.0.1): a
+def loopback(bound: str | None) -> bool:
+    """Whether a server bound there answers this machine only (None: SGLang's default, 127.0.0.1): a
     name such as localhost only when every address it resolves to is loopback."""
     if bound is None:
         return True
@@ -103,7 +103,7 @@ def check(host: str, port: str, argv: list[str], allow_no_key: bool = False) -> 
         raise ValueError(f"{said} is not DSAOPS_SERVER_HOST={host}, where the health check and the exporter"
                          f" reach SGLang; run with -e DSAOPS_SERVER_HOST={reach} (or drop {drop})")
     refused_config = "--config" in argv and launch.config is None   # SGLang stops at it, serving nothing
-    if not (allow_no_key or refused_config or _loopback(bound) or last.get("--api-key", ("",))[0]):
+    if not (allow_no_key or refused_config or loopback(bound) or last.get("--api-key", ("",))[0]):
         said = named("--host")[0]
         raise ValueError(f"{said} serves beyond this machine with no API key: put `api-key: KEY` in SGLang's"
                          " --config file, or run with -e DSAOPS_ALLOW_NO_API_KEY=1 to serve without one")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import ipaddress
 import os
 import signal
 import socket
@@ -123,23 +122,16 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", number
 
 
-def loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:      # a name other than localhost may resolve to any address
-        return False
-
-
 def run_exporter(args) -> int:
     require("prometheus_client", "psutil", *(["docker"] if args.container else []))
     from dsaops.healthchecks.exporter import Config, Exporter
     from dsaops.healthchecks.http import serve
     from dsaops.healthchecks.server_info import NO_PLAN, read_plan
 
-    from dsaops import api_key
+    from dsaops import api_key, server_address
 
     host, port = parse_listen(args.listen)
-    if not (args.token_file or args.allow_no_token or loopback(host)):
+    if not (args.token_file or args.allow_no_token or server_address.loopback(host)):
         raise UserError(f"--listen {shown(args.listen)} is reachable from other machines: add --token-file FILE "
                         "(the bearer token Prometheus sends), or --allow-no-token to serve it to anyone who reaches it")
     check_server_url(args.server_url)
