@@ -24,6 +24,7 @@ from dsaops.launch_args import kv_cache_args
 # The refused pairing, spelled by the builder every deployment's command line comes from.
 GATE_ARGS = tuple(kv_cache_args("fp8_e4m3", "tilelang", "flashmla_sparse"))
 READY_LINE = "The server is fired up and ready to roll!"   # entrypoints/http_server.py, once serving
+DOCKER_RUN_FAILED = 125   # `docker run`'s own failure (engine, GPU runtime, image): the container never ran
 
 
 @dataclass

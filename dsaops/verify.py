@@ -196,6 +196,10 @@ def run_boot_gate(args) -> int:
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     result = boot_gate.run_gate(command, timeout=args.timeout, progress=progress, cleanup=cleanup,
                                 expect=args.expect or boot_gate.MIXED_TILELANG_REFUSAL)
+    if args.image and result.exit_code == boot_gate.DOCKER_RUN_FAILED and not result.passed:
+        said = [line for line in result.tail if line.startswith("docker: ")] or result.tail or ["no output"]
+        raise UserError(f"docker could not start the gate's container (exit code {result.exit_code}: {said[-1]}); "
+                        "run the gate where a Docker engine runs, with the image and a GPU")
     if args.json:
         print(json.dumps({"passed": result.passed, "detail": result.detail, "seconds": result.seconds,
                           "exit_code": result.exit_code, "tail": result.tail}, indent=2))

@@ -1,6 +1,7 @@
 """`dsaops verify boot-gate` with small real launch scripts: refused (pass) vs started,
 hung, refused-but-lingering, other errors and clean exits (fail, and killed)."""
 import os
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +13,7 @@ from dsaops import boot_gate
 from dsaops.cli import main
 from dsaops.image import image_name
 from tests.dsaops.test_sglang_formulas import patched_check
+from tests.support.prerequisites import need
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = image_name("sm_90")
@@ -110,6 +112,18 @@ def test_image_without_docker_says_what_to_do(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert main(["verify", "boot-gate", "--image", IMAGE]) == 2
     assert capsys.readouterr().err.startswith("dsaops verify: --image needs the docker CLI")
+
+
+def test_image_without_a_docker_engine_stops_in_one_line(tmp_path, monkeypatch, capsys):
+    """docker's own failure (exit 125: no engine here, no GPU runtime, no such image) is not the image's verdict."""
+    need(shutil.which("docker") is not None, "the docker CLI runs the gate's --image launch")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    assert main(["verify", "boot-gate", "--image", IMAGE, "--timeout", "60"]) == 2
+    out = capsys.readouterr()
+    assert "boot gate FAIL" not in out.out
+    last = out.err.splitlines()[-1]
+    assert last.startswith("dsaops verify: docker could not start the gate's container (exit code 125: docker: ")
+    assert f"unix://{tmp_path}/no.sock" in last and "Docker engine" in last
 
 
 def test_an_empty_command_names_the_subcommand(capsys):
