@@ -15,7 +15,7 @@ export DSAOPS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/dsaops
 
 .PHONY: help setup venv test lint
 help: ## list the targets
-	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sort | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 	@echo "  variables: ARCH=sm_90|sm_121|gfx942  TAG=  REGISTRY= (default: \$$DSAOPS_REGISTRY)  PUSH=1  INVENTORY=playbooks/inventories/local.yml"
 
 $(STAMP): pyproject.toml $(TEST_REQS)

@@ -19,5 +19,5 @@ image: ## build the serving image for ARCH=sm_90|sm_121|gfx942 (TAG=, REGISTRY=,
 image-plan: ## print the exact image build command for ARCH= without building
 	@$(IMAGE_PY) -m dsaops image plan $(IMAGE_OPTS)
 
-image-base: ## make ARCH='s stand-in base here (no registry; images/README.md), for make image BASE=standin
+image-base: ## a stand-in base for ARCH= here (no registry; images/README.md), for make image BASE=standin
 	@$(IMAGE_PY) -m dsaops image base --arch "$(ARCH)"
