@@ -1,5 +1,7 @@
 """`dsaops plan` reproduces the figures reported upstream and says what binds."""
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -321,10 +323,44 @@ def test_gb10_prefill_chunks_are_bounded_and_fitted_to_the_slack(capsys):
     assert h20["prefill_chunk_tokens"] is None and "--chunked-prefill-size" not in h20["sglang_args"]
 
 
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_plan_examples() -> list[tuple[list[str], list[str]]]:
+    """Each README console block that runs `dsaops plan`: its arguments and the output lines it quotes."""
+    examples = []
+    for block in re.findall(r"^```console\n(.*?)^```", README.read_text(), flags=re.MULTILINE | re.DOTALL):
+        if not block.startswith("$ dsaops plan "):
+            continue
+        command, *quoted = re.sub(r"\\\n\s*", "", block).splitlines()
+        examples.append((shlex.split(command)[3:], quoted))
+    return examples
+
+
 def test_the_readme_quotes_what_the_plan_says(capsys):
-    """The README's statement about --max-running-requests 256 on 8xH20 is the tool's own line."""
+    """The README's plan examples and the figures its prose quotes are the tool's own output: each quoted
+    line is a line the plan prints, in its order, where `...` stands for text left out."""
+    examples = readme_plan_examples()
+    assert len(examples) == 2
+    for argv, quoted in examples:
+        assert main(["plan", *argv]) == 0
+        printed = iter(capsys.readouterr().out.splitlines())
+        for line in quoted:
+            pattern = ".*".join(map(re.escape, line.split("...")))
+            assert any(re.fullmatch(pattern, out) for out in printed), f"README quotes {line!r}: not printed in order"
+    readme = re.sub(r"\s+", " ", README.read_text())   # prose wraps anywhere
+    argv, _ = examples[0]
+    bf16 = plan([*argv[:argv.index("--kv-cache-dtype")], *argv[argv.index("--kv-cache-dtype") + 2:],
+                 "--kv-cache-dtype", "bf16"], capsys)
+    assert (f"the same memory holds {bf16['kv_pool_tokens_per_rank']:,} tokens "
+            f"({bf16['kv_bytes_per_token']:,} B a token)") in readme
     p = plan([*H20, "--dp-size", "8", "--enable-dp-attention", "--kv-cache-dtype", "fp8_e4m3", *TILELANG,
               "--free-memory-gib", "89.5", "--max-running-requests", "256"], capsys)
     line = f"running requests {p['max_running_requests_per_dp']} per DP rank (requested 256; binding: {p['binding_limit']})"
     assert line == "running requests 32 per DP rank (requested 256; binding: dp_split)"
-    assert f"`{line}`" in (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"`{line}`" in readme
+    argv, _ = examples[1]
+    draft = argv.index("--speculative-num-draft-tokens")
+    plain = plan([*argv[:draft], *argv[draft + 2:]], capsys)
+    assert (f"Without `--speculative-num-draft-tokens` the plan gives {plain['mamba_slots_per_dp']} slots "
+            f"and a cap of {plain['mamba_running_requests_cap']}") in readme
