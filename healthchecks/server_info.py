@@ -205,18 +205,17 @@ NO_PLAN = PlanFigures(None, None)
 
 def read_plan(path: str) -> PlanFigures:
     """`kv_pool_tokens_per_rank` and `binding_limit` from `dsaops plan --json` output."""
-    try:
-        plan = plan_input.parse_json(plan_input.read_text(path, "--plan", fix="not a plan", error=ValueError))
-        value = plan["kv_pool_tokens_per_rank"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise UserError(f"--plan {path}: cannot read kv_pool_tokens_per_rank ({e}); "
-                        "give the output of `dsaops plan ... --json`") from e
+    fix = "give the output of `dsaops plan ... --json`"
+    plan = plan_input.read_json(path, "--plan", fix=fix)
+    if "kv_pool_tokens_per_rank" not in plan:
+        raise UserError(f"--plan {path}: no kv_pool_tokens_per_rank; {fix}")
+    value = plan["kv_pool_tokens_per_rank"]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:  # JSON true is a Python int
         raise UserError(f"--plan {path}: kv_pool_tokens_per_rank must be a positive integer, got {value!r}")
     binding = plan.get("binding_limit")
     if "binding_limit" in plan and binding not in concurrency.BINDING_LIMITS:
         raise UserError(f"--plan {path}: binding_limit must be one of {', '.join(concurrency.BINDING_LIMITS)}, "
-                        f"got {binding!r}; give the output of `dsaops plan ... --json`")
+                        f"got {binding!r}; {fix}")
     return PlanFigures(value, binding)
 
 

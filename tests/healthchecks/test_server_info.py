@@ -145,8 +145,14 @@ def test_plan(tmp_path):
     good.write_text(json.dumps({"kv_pool_tokens_per_rank": 4922240, "binding_limit": "dp_split"}))
     assert read_plan(str(good)) == PlanFigures(4922240, "dp_split")
     bad = tmp_path / "bad.json"
+    fix = r"give the output of `dsaops plan \.\.\. --json`$"
+    with pytest.raises(UserError, match=rf"^cannot read --plan {bad}: No such file or directory; {fix}"):
+        read_plan(str(bad))
     bad.write_text('{"kv_layout": "raw_fp8"')
-    with pytest.raises(UserError, match="kv_pool_tokens_per_rank"):
+    with pytest.raises(UserError, match=rf"^--plan {bad} is not JSON \(.*\): {fix}"):
+        read_plan(str(bad))
+    bad.write_text('{"kv_layout": "raw_fp8"}')
+    with pytest.raises(UserError, match=rf"^--plan {bad}: no kv_pool_tokens_per_rank; {fix}"):
         read_plan(str(bad))
     for tokens in ("-1", "true"):
         bad.write_text(f'{{"kv_pool_tokens_per_rank": {tokens}}}')
@@ -163,7 +169,7 @@ def test_a_plan_is_read_to_a_bound(tmp_path):
     """A --plan past 1 MiB (or /dev/zero) is refused, not read whole: json.load read it all first."""
     big = tmp_path / "plan.json"
     big.write_text('{"kv_pool_tokens_per_rank": 5' + " " * (2 << 20) + "}")
-    with pytest.raises(UserError, match=r"^--plan .*: cannot read kv_pool_tokens_per_rank \(.*larger than 1 MiB"):
+    with pytest.raises(UserError, match=r"^--plan .* is larger than 1 MiB: give the output"):
         read_plan(str(big))
 
 
