@@ -69,6 +69,8 @@ def run(args) -> int:
     except (PatchError, tree.TreeError, WriteError) as e:
         print(f"dsaops patches {args.action}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout's reader stopped early: dsaops' main says nothing of it
+        raise
     except OSError as e:  # reading: writes come back as WriteError
         print(f"dsaops patches {args.action}: cannot read {e.filename}: {e.strerror}; nothing was changed",
               file=sys.stderr)

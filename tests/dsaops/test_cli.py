@@ -1,5 +1,6 @@
 """The `dsaops` console script: argument errors in one line, every subcommand says what it does."""
 import argparse
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,16 @@ def test_an_argument_error_is_one_line_and_the_usage_hint(argv, message, command
     lines = out.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith(f"{command}: {message}"), out.stderr
     assert lines[1] == f"see `{command} --help`"
+
+
+@pytest.mark.parametrize("argv", [["patches", "list"], ["image", "plan", "--arch", "sm_90"], ["targets"]])
+def test_a_reader_that_stops_early_gets_no_traceback(argv):
+    """`dsaops … | head`: stdout's pipe is closed before the first line; the command stops quietly."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "dsaops", *argv], stdout=write, stderr=subprocess.PIPE, text=True,
+                              check=False, timeout=60)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
