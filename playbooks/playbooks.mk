@@ -10,7 +10,7 @@ deploy-plan: $(SETUP_STAMP) ## dry run: each node's server command, then what cl
 	$(PY) -m dsaops deploy -i $(INVENTORY) --print-commands $(DEPLOY_ARGS)
 	$(PY) -m dsaops deploy -i $(INVENTORY) --check $(DEPLOY_ARGS)
 
-deploy-commands: $(SETUP_STAMP) ## print each node's server command and environment, touching no host
+deploy-commands: $(SETUP_STAMP) ## print each node's server command and environment, touching no host (DEPLOY_ARGS='-e dsaops_target=sm_90' for an inventory that says auto)
 	$(PY) -m dsaops deploy -i $(INVENTORY) --print-commands $(DEPLOY_ARGS)
 
 playbooks-lint: $(STAMP) ## ansible-lint (production profile) and --syntax-check for every inventory

@@ -219,6 +219,8 @@ def test_two_listeners_on_one_port_are_refused_without_hosts(extra, says):
 def test_print_commands_needs_a_target():
     result = print_commands("local")
     assert result.returncode != 0 and "set dsaops_target" in result.stderr
+    assert "or pass -e dsaops_target=sm_90" in result.stderr          # make deploy-commands: DEPLOY_ARGS='-e ...'
+    assert print_commands("local", "-e", "dsaops_target=sm_90").returncode == 0
 
 
 def test_generated_flags_exist_in_pinned_sglang(printed):
