@@ -14,6 +14,8 @@ def exposition(text: str) -> dict[str, float]:
     return out
 
 
-def scrape(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=5) as r:
+def scrape(url: str, token: str | None = None) -> dict[str, float]:
+    """`url`'s series, sent with `Authorization: Bearer token` when given."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=5) as r:
         return exposition(r.read().decode())

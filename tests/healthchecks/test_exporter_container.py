@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import urllib.error
 import uuid
 
 import psutil
@@ -21,6 +22,7 @@ from tests.support.polling import wait_for
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
+SCRAPE_TOKEN = "the-clusters-scrape-token-0123456789"   # as the monitoring role writes it: a file, read-only
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +37,15 @@ def node(dockerd, host_image, tmp_path_factory):
     server.api_key = "the-clusters-api-key-0123456789"     # /server_info wants it, as SGLang with --api-key
     (tmp / "etc" / "api-key").write_text(server.api_key + "\n")
     (tmp / "etc" / "api-key").chmod(0o400)
+    (tmp / "etc" / "token").write_text(SCRAPE_TOKEN + "\n")
+    (tmp / "etc" / "token").chmod(0o400)
     socket_path = dockerd["DOCKER_HOST"].removeprefix("unix://")
     d = ExporterDeployment(image=host_image, node="c1", server_container=f"dsaops-test-srv-{tag}",
                            server_port=int(server.url.rsplit(":", 1)[1]), listen=f"127.0.0.1:{free_port()}",
                            log_file=str(tmp / "log" / "sglang.log"), state_dir=str(tmp / "state"),
                            run_dir=str(tmp / "run"), exporter_name=f"dsaops-test-exporter-{tag}",
                            proxy_name=f"dsaops-test-proxy-{tag}", api_key_file=str(tmp / "etc" / "api-key"),
+                           token_file=str(tmp / "etc" / "token"),
                            docker_socket=socket_path, docker_gid=os.stat(socket_path).st_gid)
 
     def docker(*args, check=True):
@@ -63,7 +68,7 @@ def node(dockerd, host_image, tmp_path_factory):
 
 def metrics(node) -> dict:
     try:
-        return scrape(node["url"])
+        return scrape(node["url"], SCRAPE_TOKEN)
     except OSError:
         return {}
 
@@ -144,9 +149,17 @@ def test_a_rank_killed_while_the_exporter_is_down_and_the_server_restarted(node)
     assert all_up(node)
 
 
+def test_a_scrape_without_the_token_is_refused(node):
+    assert all_up(node)
+    for token in (None, SCRAPE_TOKEN[:-1]):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(node["url"], token)
+        assert refused.value.code == 401
+
+
 def test_neither_container_runs_as_root_with_powers_or_holds_a_secret_but_the_api_key(node):
     """The proxy as nobody in the socket's group; the exporter as uid 0 with CAP_SYSLOG alone (for /dev/kmsg),
-    its API key a read-only file; neither has the server's environment (the Hugging Face token)."""
+    its API key and scrape token read-only files; neither has the server's environment (the Hugging Face token)."""
     def inspect(name):
         return json.loads(node["docker"]("inspect", name).stdout)[0]
     proxy, exporter = inspect(node["d"].proxy_name), inspect(node["d"].exporter_name)
@@ -156,9 +169,12 @@ def test_neither_container_runs_as_root_with_powers_or_holds_a_secret_but_the_ap
     for container in (proxy, exporter):
         env = " ".join(container["Config"]["Env"] or [])
         assert "HF_TOKEN" not in env and node["d"].api_key_file not in env and "api-key" not in env
+        assert SCRAPE_TOKEN not in env and node["d"].token_file not in env
         assert not any("--env-file" in arg for arg in container["Args"])
-    key = next(m for m in exporter["Mounts"] if m["Destination"] == node["d"].api_key_file)
-    assert key["RW"] is False and "--api-key-file" in exporter["Args"]
+    for path, flag in ((node["d"].api_key_file, "--api-key-file"), (node["d"].token_file, "--token-file")):
+        mount = next(m for m in exporter["Mounts"] if m["Destination"] == path)
+        assert mount["RW"] is False and flag in exporter["Args"]
+        assert path not in [m["Destination"] for m in proxy["Mounts"]]
     assert value(node, "dsa_server_up") == 1          # /server_info read with the key
 
 
