@@ -97,6 +97,9 @@ def check(host: str, port: str, argv: list[str], allow_no_key: bool = False) -> 
         raise ValueError(f"{said} differs from DSAOPS_SERVER_PORT={port}, which the health check and the exporter"
                          f" use; run with -e DSAOPS_SERVER_PORT={given_port} (or drop {drop})")
     bound = last.get("--host", (None,))[0]
+    if bound and not _addresses(bound):
+        raise ValueError(f"{named('--host')[0]} resolves to no address here, so SGLang could not bind it; give an IP"
+                         " address (IPv6 without brackets) or a name the container resolves")
     if not _reaches(bound or "", host):
         said, drop = named("--host")
         reach = f"[{bound}]" if ":" in bound else bound

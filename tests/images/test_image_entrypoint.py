@@ -186,6 +186,18 @@ def test_a_host_the_checks_do_not_reach_is_refused_before_anything_starts(tmp_pa
     assert log_of(tmp_path) == ""
 
 
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "[::1]"])
+def test_a_host_that_resolves_to_no_address_is_refused(tmp_path, host):
+    """SGLang cannot bind a name that resolves to nothing (nor an IPv6 address in brackets): refused
+    before anything starts, even where DSAOPS_SERVER_HOST spells it the same."""
+    proc = start(tmp_path, "--model-path", "/m", "--host", host, STANDIN_EXIT="0", DSAOPS_ALLOW_NO_API_KEY="1",
+                 DSAOPS_SERVER_HOST=host)
+    assert proc.wait(timeout=30) == 2
+    err = proc.stderr.read()
+    assert f"--host {host} resolves to no address here" in err and err.count("\n") == 1, err
+    assert log_of(tmp_path) == ""
+
+
 @pytest.mark.parametrize("host, env", [("127.0.0.2", {"DSAOPS_SERVER_HOST": "127.0.0.2"}),
                                        ("FD00:0::5", {"DSAOPS_SERVER_HOST": "[fd00::5]"}),   # the playbooks' spelling
                                        ("0.0.0.0", {}), ("::", {})])
