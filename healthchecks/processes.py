@@ -225,9 +225,10 @@ class ProcessWatcher(BackgroundLoop):
             if not pending:
                 self._last_vanish.clear()
 
-    def _carried(self, rank: str) -> bool:
-        """A live process, not stopped, runs `rank` (a restarted server's, when an earlier one vanished)."""
-        return any(s.rank == rank and s.pid not in self._halted for s in self.live.values())
+    def _carried(self, rank: str, *, stopped_too: bool = False) -> bool:
+        """A live process, not stopped, runs `rank` (a restarted server's, when an earlier one vanished);
+        `stopped_too`: a stopped one counts, as the rank is still held (not dead, nor gone)."""
+        return any(s.rank == rank and (stopped_too or s.pid not in self._halted) for s in self.live.values())
 
     def _vanish(self, sched: Scheduler, now: float) -> None:
         """(under the lock) The process is gone or a zombie: the rank is down unless another
@@ -370,7 +371,7 @@ class ProcessWatcher(BackgroundLoop):
         with self._lock:
             self._judged(proc)
             self._deaths[(proc.rank, cause)] = self._deaths.get((proc.rank, cause), 0) + 1
-            if not self._carried(proc.rank):
+            if not self._carried(proc.rank, stopped_too=True):   # a stopped one is already 0 (poll)
                 self._up[proc.rank] = 0
                 self._dead.add(proc.rank)
         if self.on_death is not None:
@@ -381,7 +382,7 @@ class ProcessWatcher(BackgroundLoop):
         """A clean stop: the rank leaves, unless it died before (its 0 stays until it comes back)."""
         with self._lock:
             self._judged(proc)
-            if proc.rank not in self._dead and not self._carried(proc.rank):
+            if proc.rank not in self._dead and not self._carried(proc.rank, stopped_too=True):
                 self._up.pop(proc.rank, None)
         return True
 

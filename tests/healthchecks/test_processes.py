@@ -262,6 +262,25 @@ def test_a_stopped_rank_is_down_while_stopped_and_no_death(watched, launcher):
     assert deaths(watched) == {}
 
 
+def test_a_death_while_the_ranks_next_process_is_stopped_leaves_it_no_dead_rank(watched, launcher):
+    """A restarted server's rank is stopped while the old one's death is counted: the rank is still held,
+    so once it runs again and its server stops cleanly, the rank leaves rather than staying at 0."""
+    old = launcher(TITLES[:2])
+    assert ranks_up(watched, old)
+    new = launcher(TITLES[1:2])
+    os.kill(new.pids[0], signal.SIGSTOP)
+    assert wait_for(lambda: new.pids[0] in watched.live, 3)
+    os.kill(old.pids[1], signal.SIGKILL)
+    append(watched.paths["log"], L.line(L.crashed("scheduler_1", old.pids[1], -9)))
+    assert wait_for(lambda: deaths(watched) == {("TP1", "sigkill"): 1}, 5), deaths(watched)
+    assert watched.snapshot()[0] == {"TP0": 1, "TP1": 0}
+    os.kill(new.pids[0], signal.SIGCONT)
+    assert wait_for(lambda: watched.snapshot()[0] == {"TP0": 1, "TP1": 1}, 3), watched.snapshot()[0]
+    append(watched.paths["log"], L.line(L.sigterm()))
+    new.stop()
+    assert wait_for(lambda: watched.snapshot()[0] == {"TP0": 1}, 5), watched.snapshot()[0]
+
+
 def test_a_rank_that_exits_0_alone_is_no_death(watched, launcher):
     lch = launcher(TITLES[:3], "--join-in-order")
     assert ranks_up(watched, lch)
