@@ -76,7 +76,8 @@ def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Co
     resolves its ansible_host (its traffic's source on a flat network), its cluster address when it has one, and
     `allow`. A host Ansible reaches locally (the controller) counts its ansible_host only when set: its name says
     nothing of the address its scrapes leave by. One that names no address other than loopback stops the run
-    when `nodes` (the fenced ones) holds another host: only its traffic to itself arrives on loopback."""
+    when `nodes` (the fenced ones) holds another host and `allow` is empty: only its traffic to itself arrives
+    on loopback, and `allow` is where an address the inventory does not name is listed."""
     found = []
     for name, facts in hosts.items():
         local = facts.get("ansible_connection") == "local"
@@ -84,9 +85,9 @@ def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Co
         own = [_ipv4_of(str(host), f"monitoring host {name}")] if host else []
         if facts.get("dsaops_cluster_address"):
             own.append(str(facts["dsaops_cluster_address"]))
-        if local and set(nodes) - {name} and all(ipaddress.IPv4Address(a).is_loopback for a in own):
+        if local and not allow and set(nodes) - {name} and all(ipaddress.IPv4Address(a).is_loopback for a in own):
             raise UserError(f"monitoring host {name}: it is reached locally and names no address the other nodes see "
                             "its scrapes come from, so their fence would drop them; set its ansible_host to that "
-                            "address (or its dsaops_cluster_address)")
+                            "address (or its dsaops_cluster_address), or list it in dsaops_monitoring_allow")
         found += own
     return nft_elements([*found, *allow], "dsaops_monitoring_allow")

@@ -57,6 +57,13 @@ def test_a_local_monitoring_host_without_an_address_the_nodes_see_is_refused(fac
                                       [], ["here", "node1"]).startswith("10.1.0.2")
 
 
+def test_a_local_monitoring_host_whose_address_is_in_allow_is_admitted():
+    """dsaops_monitoring_allow is where the sources the inventory does not name go: the controller's address
+    listed there admits its scrapes, so the run goes on."""
+    hostvars = {"here": {"ansible_connection": "local"}}
+    assert library.monitoring_sources(["here"], hostvars, ["10.9.9.9"], ["here", "node1"]) == "10.9.9.9"
+
+
 @pytest.mark.parametrize("listen_host, probed", [("0.0.0.0", "127.0.0.1"), ("127.0.0.1", "127.0.0.1"),
                                                  ("10.0.0.5", "10.0.0.5"), ("::", "[::1]"), ("::1", "[::1]"),
                                                  ("fd00::5", "[fd00::5]")])
