@@ -135,6 +135,21 @@ def _platform_tags() -> list[str]:
         f"manylinux2014_{m}", f"manylinux2010_{m}", f"manylinux1_{m}"]
 
 
+def _check_pinned(wheels: Path, stamp: Path, *, downloaded: bool) -> None:
+    """pins.check_wheel on the folder's wheels of the pins (`downloaded`: pip's, just now). A mismatch
+    removes the completion stamp, so that a later run downloads again, and a download of another file."""
+    for path in wheels.glob("*.whl"):
+        name, version, _ = wheel_tags.parse(path.name)
+        if pins.PINS.get(name.replace("_", "-")) == version:
+            try:
+                pins.check_wheel(path, downloaded=downloaded)
+            except UserError:
+                stamp.unlink(missing_ok=True)
+                if downloaded:   # else pip would take it again as its download
+                    path.unlink()
+                raise
+
+
 def wheel_context(target) -> Path:
     """The stand-ins' build context: wheels/ with every wheel they install (downloaded once)."""
     context = cache_dir("images", f"standin-cp{PYTHON.replace('.', '')}-{machine()}")
@@ -142,8 +157,8 @@ def wheel_context(target) -> Path:
     reqs = [r for group in requirements().values() for r in group]
     stamp = wheels / (".complete-" + hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:16])
     with locked("images", ".standin-wheels.lock"):
-        downloaded = not stamp.is_file()
-        if downloaded:
+        _check_pinned(wheels, stamp, downloaded=False)   # first: pip would take a kept file as its download
+        if not stamp.is_file():
             wheels.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheels), "--only-binary=:all:",
                    "--implementation", "cp", "--python-version", PYTHON, "--abi", f"cp{PYTHON.replace('.', '')}"]
@@ -153,17 +168,8 @@ def wheel_context(target) -> Path:
             if subprocess.run([*cmd, *reqs], check=False).returncode:
                 raise UserError("pip could not download the stand-in's wheels (above); reach a package index "
                                 "(PIP_INDEX_URL / PIP_EXTRA_INDEX_URL) or fill the folder from one")
-        for path in wheels.glob("*.whl"):   # the pinned ones, on every run: the folder is a cache
-            name, version, _ = wheel_tags.parse(path.name)
-            if pins.PINS.get(name.replace("_", "-")) == version:
-                try:
-                    pins.check_wheel(path, downloaded=downloaded)
-                except UserError:
-                    stamp.unlink(missing_ok=True)   # the next run downloads again what is deleted
-                    if downloaded:   # pip would take a file already in the folder as its download
-                        path.unlink()
-                    raise
-        stamp.touch()
+            _check_pinned(wheels, stamp, downloaded=True)
+            stamp.touch()
         wheel = sglang_wheel(target)
         if not (wheels / wheel.name).is_file():
             shutil.copy2(wheel, wheels / wheel.name)

@@ -3,6 +3,7 @@ uses them (the builds themselves: test_image_build.py)."""
 from __future__ import annotations
 
 import re
+import shutil
 import tomllib
 import zipfile
 
@@ -57,9 +58,9 @@ def small_wheel(folder, filename, name, version):
     return folder / filename
 
 
-def test_a_standin_wheel_of_another_content_is_refused(tmp_path, monkeypatch):
-    """pip downloads the stand-ins' wheels from a local folder (no index) whose TileLang, under PyPI's own
-    file name, is another whole wheel: it was taken into the base; now it is refused, not kept."""
+def another_tilelang(tmp_path, monkeypatch) -> str:
+    """pip's index is a local folder (no network) of small wheels for the stand-ins' requirements, whose
+    TileLang, under PyPI's own file name, is another whole wheel; that file name."""
     links = tmp_path / "links"
     links.mkdir()
     for spec in [r for group in image_base.requirements().values() for r in group]:
@@ -72,9 +73,29 @@ def test_a_standin_wheel_of_another_content_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     monkeypatch.setenv("DSAOPS_CACHE", str(tmp_path / "cache"))
+    return tilelang
+
+
+def test_a_standin_wheel_of_another_content_is_refused(tmp_path, monkeypatch):
+    """The index's TileLang of another content was taken into the base; now it is refused, not kept."""
+    tilelang = another_tilelang(tmp_path, monkeypatch)
+    links = tmp_path / "links"
     with pytest.raises(UserError, match=rf"^{re.escape(tilelang)} as downloaded has sha256 "
                                         rf"{pins.sha256(links / tilelang)}, dsaops/pins.toml pins "
                                         rf"{pins.SHA256[tilelang]}: the package index"):
         image_base.wheel_context(targets.get("sm_90"))
     kept = next((tmp_path / "cache" / "images").glob("standin-*/wheels"))
     assert not list(kept.glob("tilelang-*")) and not list(kept.glob(".complete-*"))   # the next run downloads again
+
+
+def test_a_kept_standin_wheel_of_another_content_is_named_not_the_index(tmp_path, monkeypatch):
+    """A file of another content left in the folder, its download unfinished (no completion stamp): pip
+    would take it as its download, and the index was blamed for it; it is named as the folder's file."""
+    tilelang = another_tilelang(tmp_path, monkeypatch)
+    wheels = image_base.cache_dir("images", f"standin-cp{image_base.PYTHON.replace('.', '')}-{image_base.machine()}",
+                                  "wheels")
+    wheels.mkdir(parents=True)
+    shutil.copy2(tmp_path / "links" / tilelang, wheels / tilelang)
+    with pytest.raises(UserError, match=rf"^{re.escape(str(wheels / tilelang))} has sha256 .*: a damaged or "
+                                        "replaced file; delete it and run again"):
+        image_base.wheel_context(targets.get("sm_90"))
