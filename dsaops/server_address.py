@@ -13,6 +13,7 @@ name counts as every address it resolves to (SGLang may bind any): loopback only
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -40,14 +41,15 @@ def _given(args: list[str]):
             want = option
 
 
-def _addresses(name: str) -> set:
+@functools.cache   # one answer for every check, and one wait on a slow resolver
+def _addresses(name: str) -> frozenset:
     """What SGLang's server may bind for `name` (asyncio's create_server binds every address it resolves
     to): an address stands for itself, a name for what the resolver gives; none when it gives none."""
     try:
-        return {ipaddress.ip_address(info[4][0])
-                for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+        return frozenset(ipaddress.ip_address(info[4][0])
+                         for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE))
     except (OSError, UnicodeError, ValueError):
-        return set()
+        return frozenset()
 
 
 def _reaches(bound: str, host: str) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -184,6 +185,14 @@ def test_a_host_the_checks_do_not_reach_is_refused_before_anything_starts(tmp_pa
     err = proc.stderr.read()
     assert f"run with -e DSAOPS_SERVER_HOST={reach} (or drop --host)" in err and err.count("\n") == 1
     assert log_of(tmp_path) == ""
+
+
+def test_a_host_name_is_resolved_once(monkeypatch):
+    """Every check reads the same answer for --host, and a slow resolver delays the start once, not once a check."""
+    asked, resolve = [], socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda name, *a, **k: asked.append(name) or resolve(name, *a, **k))
+    assert server_address.check("127.0.0.1", "30000", ["--host", "lOcAlHoSt"]) is None
+    assert asked.count("lOcAlHoSt") == 1, asked
 
 
 @pytest.mark.parametrize("host", ["no-such-host.invalid", "[::1]"])
