@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 from dsaops.errors import UserError
 
@@ -71,13 +71,24 @@ def _ipv4_of(host: str, what: str) -> str:
                         "address, or list the address it scrapes from in dsaops_monitoring_allow") from None
 
 
-def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Collection[str] = ()) -> str:
+def _on_this_machine(facts: Mapping) -> bool:
+    """A host Ansible reaches locally, or at a loopback address literal (names are not resolved here)."""
+    if facts.get("ansible_connection") == "local":
+        return True
+    try:
+        return ipaddress.ip_address(str(facts.get("ansible_host", ""))).is_loopback
+    except ValueError:
+        return False
+
+
+def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Mapping[str, Mapping] | None = None) -> str:
     """The monitoring set of `hosts` ({name: its Ansible variables}): each host's address as this controller
     resolves its ansible_host (its traffic's source on a flat network), its cluster address when it has one, and
     `allow`. A host Ansible reaches locally (the controller) counts its ansible_host only when set: its name says
     nothing of the address its scrapes leave by. One that names no address other than loopback stops the run
-    when `nodes` (the fenced ones) holds another host and `allow` is empty: only its traffic to itself arrives
-    on loopback, and `allow` is where an address the inventory does not name is listed."""
+    when `nodes` (the fenced ones, {name: its Ansible variables}) holds one on another machine and `allow` is
+    empty: only its traffic to its own machine arrives on loopback, and `allow` is where an address the inventory
+    does not name is listed."""
     found = []
     for name, facts in hosts.items():
         local = facts.get("ansible_connection") == "local"
@@ -85,7 +96,8 @@ def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Co
         own = [_ipv4_of(str(host), f"monitoring host {name}")] if host else []
         if facts.get("dsaops_cluster_address"):
             own.append(str(facts["dsaops_cluster_address"]))
-        if local and not allow and set(nodes) - {name} and all(ipaddress.IPv4Address(a).is_loopback for a in own):
+        elsewhere = [node for node, facts in (nodes or {}).items() if node != name and not _on_this_machine(facts)]
+        if local and not allow and elsewhere and all(ipaddress.IPv4Address(a).is_loopback for a in own):
             raise UserError(f"monitoring host {name}: it is reached locally and names no address the other nodes see "
                             "its scrapes come from, so their fence would drop them; set its ansible_host to that "
                             "address (or its dsaops_cluster_address), or list it in dsaops_monitoring_allow")

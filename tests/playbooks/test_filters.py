@@ -57,6 +57,16 @@ def test_a_local_monitoring_host_without_an_address_the_nodes_see_is_refused(fac
                                       [], ["here", "node1"]).startswith("10.1.0.2")
 
 
+def test_a_local_monitoring_host_fencing_only_nodes_on_its_own_machine_is_admitted():
+    """A node reached locally or at a loopback address is the controller's machine too: the scrapes arrive there on
+    loopback, so nothing is refused (a one-machine test cluster); a node named otherwise still stops the run."""
+    hostvars = {"here": {"ansible_connection": "local"}, "n1": {"ansible_host": "127.0.0.1"},
+                "n2": {"ansible_connection": "local"}, "far": {"ansible_host": "node-far"}}
+    assert library.monitoring_sources(["here"], hostvars, [], ["n1", "n2"]) in ("", "127.0.0.1")
+    with pytest.raises(AnsibleFilterError, match=r"^monitoring host here: "):
+        library.monitoring_sources(["here"], hostvars, [], ["n1", "far"])
+
+
 def test_a_local_monitoring_host_whose_address_is_in_allow_is_admitted():
     """dsaops_monitoring_allow is where the sources the inventory does not name go: the controller's address
     listed there admits its scrapes, so the run goes on."""

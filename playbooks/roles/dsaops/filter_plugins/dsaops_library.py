@@ -152,7 +152,7 @@ def nft_elements(addresses, what):
 @_stops_the_run
 def monitoring_sources(hosts, hostvars, allow=(), nodes=()):
     return fence.monitoring_sources({str(host): hostvars[host] for host in hosts}, [str(a) for a in allow],
-                                    [str(n) for n in nodes])
+                                    {str(n): hostvars.get(n, {}) for n in nodes})
 
 
 @_stops_the_run
