@@ -12,6 +12,7 @@ from dataclasses import dataclass
 GIB = 1 << 30
 MAMBA_FULL_MEMORY_RATIO = 0.9        # fields/schedule.py mamba_full_memory_ratio fallback
 VLM_CACHE_MB = 100                   # environ.py SGLANG_VLM_CACHE_SIZE_MB default
+MM_FEATURE_CACHE_MB = 1024           # environ.py SGLANG_MM_FEATURE_CACHE_MB default: a GPU feature transport's pool
 # arg_groups/memory_hook.py handle_gpu_memory_settings: SGLang's own estimate of the activations
 # beside the pools, 512 MiB plus 1.5 MiB a prefill token, counting at least 2048 tokens.
 ACTIVATION_BASE_MIB = 512
@@ -24,14 +25,21 @@ class NotEnoughMemory(ValueError):
 
 
 def rest_memory_gib(*, pre_load_free_gib: float, free_after_weights_gib: float, mem_fraction_static: float,
-                    multimodal: bool) -> float:
+                    multimodal: bool, mm_feature_transport: str = "cpu") -> float:
     """_profile_available_bytes: free memory after weights, less the runtime slack
-    pre_model_load_memory * (1 - mem_fraction_static) and the multimodal reservation
-    (mm_runtime_reservation_gb; CPU feature transport keeps only the VLM cache).
+    pre_model_load_memory * (1 - mem_fraction_static) and the multimodal reservation.
     MLA models never take the post-capture sizing path (post_capture_kv_sizing_planned)."""
     slack = pre_load_free_gib * (1 - mem_fraction_static)
-    mm = VLM_CACHE_MB / 1024 if multimodal else 0.0
-    return free_after_weights_gib - slack - mm
+    return free_after_weights_gib - slack - mm_reservation_gib(multimodal=multimodal,
+                                                                mm_feature_transport=mm_feature_transport)
+
+
+def mm_reservation_gib(*, multimodal: bool, mm_feature_transport: str) -> float:
+    """mm_runtime_reservation_gb: the VLM cache, plus the feature pool of a GPU transport
+    (--mm-feature-transport cuda_ipc or cuda_vmm), for a multimodal model only."""
+    if not multimodal:
+        return 0.0
+    return (VLM_CACHE_MB + (MM_FEATURE_CACHE_MB if mm_feature_transport in ("cuda_ipc", "cuda_vmm") else 0)) / 1024
 
 
 @dataclass(frozen=True)

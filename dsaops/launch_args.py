@@ -35,6 +35,7 @@ class ClusterSpec:
     served_model_name: str | None = None     # the model id clients see, when --model-path is a local folder
     enable_metrics: bool = False             # Prometheus /metrics on the server port
     nccl_port: int | None = None             # one node: the TCPStore's port (SGLang draws one at random without it)
+    mm_feature_transport: str = "cpu"        # cuda_ipc: multimodal features through a GPU pool (SGLang's auto: cpu)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
         out += ["--served-model-name", spec.served_model_name]
     if spec.mamba_ssm_dtype != "float32":
         out += ["--mamba-ssm-dtype", spec.mamba_ssm_dtype]
+    if spec.mm_feature_transport != "cpu":
+        out += ["--mm-feature-transport", spec.mm_feature_transport]
     if spec.speculative_num_draft_tokens:
         out += ["--speculative-algorithm", "EAGLE"]
     if spec.enable_metrics:

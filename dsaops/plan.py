@@ -23,6 +23,8 @@ DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE d
               "scratch per draft token); a DFLASH drafter's own KV is not counted; SGLang loads the draft's "
               "weights before it sizes the pools, so --free-memory-gib is the `avail mem=` of the draft's "
               "`Load weight end` line, the later one, and --weights-gib counts the draft's weights too")
+# arg_groups/serving_hook.py handle_multimodal_feature_transport, word for word
+CUDA_IPC_ONE_NODE = "--mm-feature-transport=cuda_ipc only supports a single node."
 
 
 def add_parser(sub) -> None:
@@ -59,6 +61,9 @@ def add_parser(sub) -> None:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--skip-decode-lock", action="store_true", help="as with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
+    p.add_argument("--mm-feature-transport", choices=plan_input.MM_FEATURE_TRANSPORTS, default="cpu",
+                   help="cuda_ipc reserves SGLang's GPU feature pool out of a multimodal model's KV budget "
+                        "(one node only; SGLang refuses cuda_vmm for DSA models)")
     p.add_argument("--speculative-num-draft-tokens", type=count, help="MTP (NextN) speculative decoding")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=run)
@@ -101,6 +106,7 @@ class PlanRequest:
     disable_overlap_schedule: bool = False
     skip_decode_lock: bool = False
     speculative_num_draft_tokens: int | None = None
+    mm_feature_transport: str = "cpu"        # cpu | cuda_ipc: a multimodal model's GPU feature pool
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,8 @@ def make_plan(req: PlanRequest) -> Plan:
     """The plan for `req`; raises UserError (one line: what to change) where SGLang would refuse or
     the numbers do not add up."""
     plan_input.check(req)
+    if req.mm_feature_transport == "cuda_ipc" and req.nodes > 1:
+        raise UserError(f"SGLang refuses this launch at startup: {CUDA_IPC_ONE_NODE} (use --mm-feature-transport cpu)")
     target = targets.get(req.target)
     # a ModelConfigError, here or in the sizing below, is a UserError already
     model = (model_geometry.load_config_file(req.model_config) if req.model_config
@@ -206,7 +214,8 @@ def make_plan(req: PlanRequest) -> Plan:
     slots_per_req = _mamba_slots_per_request(req)
     cell = model.kv_bytes_per_token(layout, with_draft=bool(req.speculative_num_draft_tokens))
     rest = kv_budget.rest_memory_gib(pre_load_free_gib=round(pre_load, 3), free_after_weights_gib=round(free, 3),
-                                     mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal)
+                                     mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal,
+                                     mm_feature_transport=req.mm_feature_transport)
     try:
         slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req, running)
     except kv_budget.NotEnoughMemory as e:
@@ -233,7 +242,8 @@ def make_plan(req: PlanRequest) -> Plan:
         mem_fraction_static=req.mem_fraction_static, context_length=req.context_length,
         max_running_requests=req.max_running_requests, max_mamba_cache_size=req.max_mamba_cache_size,
         mamba_full_memory_ratio=req.mamba_full_memory_ratio, mamba_ssm_dtype=req.mamba_ssm_dtype,
-        speculative_num_draft_tokens=req.speculative_num_draft_tokens, chunked_prefill_size=chunk)
+        speculative_num_draft_tokens=req.speculative_num_draft_tokens, chunked_prefill_size=chunk,
+        mm_feature_transport=req.mm_feature_transport)
     return Plan(
         model=model.name, target=target.name,
         kv_layout=layout, kv_cache_dtype=kv_dtype,

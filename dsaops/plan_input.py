@@ -24,6 +24,8 @@ JSON_MOST_BYTES = 1 << 20   # the JSON files read are a few KiB; reading stops h
 
 MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 MAMBA_RADIX_CACHE_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
+# SGLang's third, cuda_vmm, is refused at startup for every DSA model class (none supports it)
+MM_FEATURE_TRANSPORTS = ("cpu", "cuda_ipc")
 
 # whole numbers from 1; each may be None (not given) unless required
 _COUNTS = ("nodes", "gpus_per_node", "tp_size", "dp_size", "attn_dp_size", "context_length", "max_running_requests",
@@ -33,7 +35,8 @@ _AMOUNTS = {"gpu_memory_gib": (GIB_MOST, " GiB"), "free_memory_gib": (GIB_MOST, 
             "weights_gib": (GIB_MOST, " GiB"), "mamba_full_memory_ratio": (RATIO_MOST, "")}
 _SWITCHES = ("enable_dp_attention", "disable_radix_cache", "disable_overlap_schedule", "skip_decode_lock")
 _NAMES = ("target", "kv_cache_dtype", "model", "model_config", "dsa_prefill_backend", "dsa_decode_backend")
-_CHOICES = {"mamba_ssm_dtype": MAMBA_SSM_DTYPES, "mamba_radix_cache_strategy": MAMBA_RADIX_CACHE_STRATEGIES}
+_CHOICES = {"mamba_ssm_dtype": MAMBA_SSM_DTYPES, "mamba_radix_cache_strategy": MAMBA_RADIX_CACHE_STRATEGIES,
+            "mm_feature_transport": MM_FEATURE_TRANSPORTS}
 _REQUIRED = ("target", "nodes", "gpus_per_node", "tp_size", "kv_cache_dtype", "mem_fraction_static",
              "gpu_memory_gib")
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from dsaops import kv_budget, kv_layout, model_geometry
+from dsaops import plan as plan_mod
 from dsaops.cli import main
+from tests.support import sglang_definitions
 from tests.support.sglang_definitions import cli_flags
 
 GLM = model_geometry.load_preset("glm-5.3-flash")
@@ -230,6 +232,29 @@ def test_a_glm5_next_config_without_vision_config_keeps_the_multimodal_reservati
         rest[name] = plan([*args, "--model-config", str(tmp_path / f"{name}.json")], capsys)["memory"]["rest_gib"]
     assert "vision_config" not in raw and rest["flat"] == preset
     assert rest["lm_only"] == pytest.approx(preset + kv_budget.VLM_CACHE_MB / 1024, abs=0.002)
+
+
+
+def test_cuda_ipc_feature_transport_reserves_sglangs_feature_pool(capsys):
+    """--mm-feature-transport cuda_ipc adds SGLang's GPU feature pool (1 GiB) to a multimodal model's
+    reservation and reaches the launch flags; SGLang refuses it on more than one node, and so does the plan."""
+    args = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    cpu, ipc = plan(args, capsys), plan([*args, "--mm-feature-transport", "cuda_ipc"], capsys)
+    assert GLM.multimodal and "--mm-feature-transport" in cli_flags()
+    assert ipc["memory"]["rest_gib"] == pytest.approx(cpu["memory"]["rest_gib"] - kv_budget.MM_FEATURE_CACHE_MB / 1024,
+                                                      abs=0.002)
+    assert ipc["kv_pool_tokens_per_rank"] < cpu["kv_pool_tokens_per_rank"]
+    assert "--mm-feature-transport" not in cpu["sglang_args"]
+    assert " ".join(ipc["sglang_args"]).endswith("--mm-feature-transport cuda_ipc")
+    argv = [*args, "--mm-feature-transport", "cuda_ipc"]
+    argv[argv.index("--nodes") + 1], argv[argv.index("--gpus-per-node") + 1] = "2", "4"
+    err = refused(argv, capsys)
+    assert plan_mod.CUDA_IPC_ONE_NODE in err and err.count("\n") == 1
+    hook = Path(sglang_definitions.source_file("srt/arg_groups/serving_hook.py")).read_text()
+    assert f'"{plan_mod.CUDA_IPC_ONE_NODE}"' in hook
+    with pytest.raises(SystemExit) as refusal:
+        main(["plan", *args, "--mm-feature-transport", "cuda_vmm"])
+    assert refusal.value.code == 2 and "invalid choice: 'cuda_vmm'" in capsys.readouterr().err
 
 
 def test_console_script_prints_the_table():

@@ -398,3 +398,42 @@ def test_multimodal_dsa_architectures_are_sglangs():
     for arch in sorted(dsa):
         geometry = model_geometry.from_config({**raw, "architectures": [arch]}, name="t")
         assert geometry.multimodal == is_multimodal([arch]), arch
+
+
+def test_multimodal_reservation_is_mm_runtime_reservation_gb():
+    """The reservation the plan takes out of the KV budget is the pinned mm_runtime_reservation_gb, with
+    environ.py's defaults, for each feature transport and with or without a multimodal model."""
+    env = {name: value("srt/environ.py", f"Envs.{name}", {"EnvInt": int})
+           for name in ("SGLANG_VLM_CACHE_SIZE_MB", "SGLANG_MM_FEATURE_CACHE_MB")}
+    envs = NS(**{name: NS(get=lambda mb=mb: mb) for name, mb in env.items()})
+    reservation = define(KVC, "mm_runtime_reservation_gb", {"envs": envs, "logger": logging.getLogger(__name__)})
+    for multimodal, transport in itertools.product((False, True), ("cpu", "cuda_ipc", "cuda_vmm")):
+        assert kv_budget.mm_reservation_gib(multimodal=multimodal, mm_feature_transport=transport) == reservation(
+            is_multimodal=multimodal, mm_feature_transport=transport), (multimodal, transport)
+
+
+def test_feature_transports_are_sglangs_less_cuda_vmm_which_no_dsa_model_supports():
+    """--mm-feature-transport takes SGLang's choices but cuda_vmm: the tokenizer manager refuses it for a
+    model class without supports_cuda_vmm_feature_transport, and no DSA architecture's class (or base) has it."""
+    import ast
+
+    from dsaops import plan_input
+    from tests.support.sglang_definitions import source_file
+
+    field = next(n for n in ast.walk(ast.parse(source_file("srt/arg_groups/fields/mm.py").read_text()))
+                 if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "mm_feature_transport")
+    literal = next(n for n in ast.walk(field.annotation) if isinstance(n, ast.Subscript)
+                   and getattr(n.value, "id", "") == "Literal")
+    assert {*plan_input.MM_FEATURE_TRANSPORTS, "cuda_vmm"} == set(ast.literal_eval(literal.slice))
+    assert "is not supported by model class" in source_file("srt/managers/tokenizer_manager.py").read_text()
+    classes = [n for path in source_file("srt/models").glob("*.py") for n in ast.walk(ast.parse(path.read_text()))
+               if isinstance(n, ast.ClassDef)]
+    vmm = {c.name for c in classes if any(isinstance(s, ast.Assign) and "supports_cuda_vmm_feature_transport"
+                                          in ast.unparse(s) and ast.unparse(s.value) == "True" for s in c.body)}
+    while grown := {c.name for c in classes if c.name not in vmm and {getattr(b, "id", "") for b in c.bases} & vmm}:
+        vmm |= grown
+    fn = next(n for n in ast.walk(ast.parse(source_file("srt/configs/model_config.py").read_text()))
+              if isinstance(n, ast.FunctionDef) and n.name == "is_deepseek_dsa")
+    dsa = {c.value for n in ast.walk(fn) if isinstance(n, ast.Tuple) for c in n.elts if isinstance(c, ast.Constant)}
+    assert "DeepseekV4ForCausalLM" in vmm and not vmm & dsa
+
