@@ -437,3 +437,24 @@ def test_feature_transports_are_sglangs_less_cuda_vmm_which_no_dsa_model_support
     dsa = {c.value for n in ast.walk(fn) if isinstance(n, ast.Tuple) for c in n.elts if isinstance(c, ast.Constant)}
     assert "DeepseekV4ForCausalLM" in vmm and not vmm & dsa
 
+
+def test_no_launch_flag_turns_a_dsa_models_multimodality_off():
+    """is_multimodal needs enable_multimodal and not language_model_only: --language-model-only is refused for
+    every DSA architecture, and enable_multimodal left unset resolves on for them (--enable-multimodal only
+    sets it), so only the config's own language_model_only key (model_geometry) drops the reservation."""
+    import ast
+
+    from tests.support.sglang_definitions import source_file
+
+    mc = "srt/configs/model_config.py"
+    tree = ast.parse(source_file(mc).read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "is_deepseek_dsa")
+    dsa = {c.value for n in ast.walk(fn) if isinstance(n, ast.Tuple) for c in n.elts if isinstance(c, ast.Constant)}
+    disabled = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                    and getattr(n.targets[0], "id", "") == "mm_disabled_models")
+    lm_only = value("srt/server_args.py", "ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES")
+    assert "DeepseekV4ForCausalLM" in lm_only and "Gemma3ForConditionalGeneration" in disabled
+    assert not dsa & {*lm_only, *disabled, *value(mc, "MIMO_V2_MULTIMODAL_ARCHS")}
+    formula = next(ast.unparse(n.value) for n in ast.walk(tree)
+                   if isinstance(n, ast.Assign) and getattr(n.targets[0], "attr", "") == "is_multimodal")
+    assert formula.startswith("enable_multimodal and (not self.is_lm_only) and (is_multimodal_model(")
