@@ -703,7 +703,7 @@ def render_stack(tmp_path, **extra) -> tuple[subprocess.CompletedProcess, str]:
                        **{f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
                            ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
                            ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))}, **extra)
-    config = result.stdout.split("TASK [monitoring : Configure Prometheus, Alertmanager and the Grafana", 1)[1]
+    config = result.stdout.split("TASK [monitoring : Configure Prometheus and the Grafana datasource]", 1)[1]
     return result, config.split("TASK [", 1)[0]
 
 
@@ -831,6 +831,24 @@ def test_the_scrape_token_reaches_the_exporter_and_prometheus_only(tmp_path):
     assert [job.get("authorization") for job in jobs] == [{"type": "Bearer", "credentials_file": "exporter-token"}, None]
     assert SCRAPE_TOKEN not in (prometheus / "prometheus.yml").read_text()
 
+
+
+def test_alertmanagers_receivers_stay_out_of_the_runs_diff(tmp_path):
+    """alertmanager.yml is its user's alone (a webhook URL or SMTP password may be a secret): `--diff` printed it
+    whole; the file is still written, the output names it only."""
+    hook, password = "https://hooks.example/services/T0/B0/hook-secret-0123", "smtp-secret-0123456789"
+    result = role_here(tmp_path, "monitoring", "--diff", "-vvv", tasks_from="stack", monitoring_start="no",
+                       monitoring_alert_webhook_url=hook,
+                       monitoring_alertmanager_global={"smtp_smarthost": "smtp.example.org:587",
+                                                       "smtp_from": "dsaops@example.org",
+                                                       "smtp_auth_password": password},
+                       **{f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
+                           ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
+                           ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))})
+    written = tmp_path / "root/etc/dsaops/alertmanager/alertmanager.yml"
+    assert hook in written.read_text() and password in written.read_text() and written.stat().st_mode & 0o777 == 0o600
+    assert hook not in result.stdout + result.stderr and password not in result.stdout + result.stderr
+    assert "+  - job_name: " in result.stdout      # the other files' diffs are still shown
 
 def test_an_exporter_inside_the_server_container_gets_the_token(printed):
     """dsaops_exporter_mode inside: the server container's exporter listens on dsaops_exporter_listen_host (every
