@@ -850,6 +850,7 @@ def test_alertmanagers_receivers_stay_out_of_the_runs_diff(tmp_path):
     assert hook not in result.stdout + result.stderr and password not in result.stdout + result.stderr
     assert "+  - job_name: " in result.stdout      # the other files' diffs are still shown
 
+
 def test_an_exporter_inside_the_server_container_gets_the_token(printed):
     """dsaops_exporter_mode inside: the server container's exporter listens on dsaops_exporter_listen_host (every
     address), so it gets the token file, mounted read-only; the exporter's own container leaves it out."""
@@ -858,6 +859,35 @@ def test_an_exporter_inside_the_server_container_gets_the_token(printed):
     for text, expected in ((inside.stdout, True), (printed["h20-8gpu"].stdout, False)):
         assert ("--env DSAOPS_EXPORTER_TOKEN_FILE=/etc/dsaops/exporter-token " in text) == expected
         assert ("--volume /etc/dsaops/exporter-token:/etc/dsaops/exporter-token:ro" in text) == expected
+
+
+@pytest.mark.parametrize("docker_says", ["removed", "none there"])
+def test_a_switch_to_the_exporter_inside_retires_its_own_containers_and_secrets(tmp_path, docker_says):
+    """Left from container mode, they would hold the port the exporter inside binds, and their key and token copies
+    would stay: both containers go (a Docker that finds none is no failure) and both files."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "docker.log"
+    answer = ('shift 2; printf "%s\\n" "$@"' if docker_says == "removed"
+              else 'echo "Error response from daemon: No such container: dsaops-exporter" >&2; exit 1')
+    (fake / "docker").write_text(f'#!/bin/sh\necho "$@" >> {log}\n{answer}\n')
+    (fake / "docker").chmod(0o755)
+    folder = tmp_path / "root/etc/dsaops/exporter"
+    folder.mkdir(parents=True)
+    for name in ("api-key", "token"):
+        (folder / name).write_text("old-secret-0123456789\n")
+    result = role_here(tmp_path, "monitoring", tasks_from="retire", env={"PATH": f"{fake}{os.pathsep}{ENV['PATH']}"})
+    assert log.read_text() == "rm --force dsaops-docker-proxy dsaops-exporter\n"
+    assert not (folder / "api-key").exists() and not (folder / "token").exists()
+    assert ("changed=2" if docker_says == "removed" else "changed=1") in result.stdout
+
+
+def test_the_server_role_retires_the_exporters_containers_before_an_inside_start():
+    tasks = yaml.safe_load((PLAYBOOKS / "roles/sglang_server/tasks/main.yml").read_text())
+    names = [task["name"] for task in tasks]
+    retire = tasks[names.index("Retire the exporter's own containers, which the exporter inside the server replaces")]
+    assert retire["ansible.builtin.include_role"]["tasks_from"] == "retire" and "inside" in retire["when"]
+    assert names.index(retire["name"]) < names.index("Start or restart the server")
 
 
 def test_the_head_is_awaited_at_the_address_it_listens_on(tmp_path):
