@@ -90,13 +90,13 @@ def monitoring_sources(hosts: Mapping[str, Mapping], allow: list[str], nodes: Ma
     empty: only its traffic to its own machine arrives on loopback, and `allow` is where an address the inventory
     does not name is listed."""
     found = []
+    elsewhere = [node for node, facts in (nodes or {}).items() if not _on_this_machine(facts)]
     for name, facts in hosts.items():
         local = facts.get("ansible_connection") == "local"
         host = facts.get("ansible_host") or (None if local else name)
         own = [_ipv4_of(str(host), f"monitoring host {name}")] if host else []
         if facts.get("dsaops_cluster_address"):
             own.append(str(facts["dsaops_cluster_address"]))
-        elsewhere = [node for node, facts in (nodes or {}).items() if node != name and not _on_this_machine(facts)]
         if local and not allow and elsewhere and all(ipaddress.IPv4Address(a).is_loopback for a in own):
             raise UserError(f"monitoring host {name}: it is reached locally and names no address the other nodes see "
                             "its scrapes come from, so their fence would drop them; set its ansible_host to that "

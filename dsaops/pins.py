@@ -33,11 +33,8 @@ def requirement(name: str) -> str:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_wheel(path: Path, *, downloaded: bool = False) -> Path:
