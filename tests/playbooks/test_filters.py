@@ -103,3 +103,21 @@ def test_a_listen_address_brackets_ipv6(listen_host, address):
 def test_a_probe_host_that_is_no_address_is_named():
     with pytest.raises(AnsibleFilterError, match="dsaops_exporter_listen_host: 'exporter.lan' is not an IP address"):
         library.probe_host("exporter.lan", "dsaops_exporter_listen_host")
+
+
+def test_the_extra_arguments_win_over_the_inventory_in_the_plan():
+    """The server starts with the extras after the inventory's flags, so the plan takes theirs; a value the planner
+    cannot take comes back as the one-line error the preflight shows."""
+    cluster = {"gpus_per_node": "8", "tp_size": "8", "attn_dp_size": "8", "kv_cache_dtype": "fp8_e4m3",
+               "dsa_prefill_backend": "tilelang", "dsa_decode_backend": "tilelang", "mem_fraction_static": "0.85",
+               "gpu_memory_gib": "96", "weights_gib": None, "max_running_requests": "240"}
+    inventory = library.plan(cluster, target="sm_90", nodes=1)["plan"]
+    read = library.extras(["--trust-remote-code", "--max-running-requests=16", "--context-len", "8192"])
+    assert read["error"] is None
+    extra = library.plan(cluster, target="sm_90", nodes=1, extras=read["settings"])["plan"]
+    assert (inventory["max_running_requests_requested"], extra["max_running_requests_requested"]) == (240, 16)
+    assert extra["context_length"] == 8192 != inventory["context_length"]
+    assert "--context-length 8192" in " ".join(extra["sglang_args"])
+    assert library.extras(["--context-length", "abc"]) == {"settings": None, "error": (
+        "sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; fix the "
+        "value or drop the flag")}

@@ -191,6 +191,36 @@ def test_plan_contradiction_stops_unless_acknowledged():
     assert print_commands("h20-8gpu", "-e", "dsaops_max_running_requests=8").returncode == 0   # acknowledged
 
 
+def test_the_plan_takes_what_the_extra_arguments_set():
+    """The server starts with sglang_server_extra_args after the inventory's flags, so they win: the preflight plans
+    with them, and so stops where SGLang or the gate would."""
+    extra = print_commands("h20-8gpu", "-e", '{"dsaops_plan_acknowledge": [], "sglang_server_extra_args": ["--max-r=8"]}')
+    assert extra.returncode != 0
+    assert "bound by dp_split: at most 1 running request(s) per DP rank" in extra.stderr   # not the inventory's 30
+    ipc = print_commands("dgx-spark-2x", "-e", '{"sglang_server_extra_args": ["--mm-feature-transport", "cuda_ipc"]}')
+    assert ipc.returncode != 0
+    assert ("`dsaops plan` refuses these settings: SGLang refuses this launch at startup: --mm-feature-transport=cuda_ipc "
+            "only supports a single node.") in " ".join(ipc.stderr.split())
+
+
+def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_stop_the_run(tmp_path):
+    """One line before anything renders: a value no launch takes, or flags the plan models set differently on two
+    nodes (one plan stands for the cluster, and SGLang needs them alike)."""
+    bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "abc"]}')
+    failed = [line for line in bad.stderr.splitlines() if "FAILED" in line]
+    assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]
+    assert ("h20-1: sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; "
+            "fix the value or drop the flag") in failed[0]
+    path = tmp_path / "mixed.yml"
+    path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
+        "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n"
+        "              sglang_server_extra_args: [--trust-remote-code, --context-length=8192]"))
+    mixed = print_commands(str(path))
+    failed = [line for line in mixed.stderr.splitlines() if "FAILED" in line]
+    assert mixed.returncode != 0 and len(failed) == 1, mixed.stderr[-3000:]
+    assert "--context-length differs between nodes ({'spark-1': 'unset', 'spark-2': '8192'})" in failed[0]
+
+
 def test_inconsistent_inventory_refused_without_hosts():
     indivisible = print_commands("dgx-spark-2x", "-e", "dsaops_tp_size=3")
     assert indivisible.returncode != 0 and "dsaops_tp_size 3 must be divisible by the 2 node(s)" in indivisible.stderr

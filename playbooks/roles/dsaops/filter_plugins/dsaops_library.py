@@ -8,8 +8,12 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       one node's whole `sglang.launch_server` argument list (dsaops.launch_args); the prefill
       bound is the plan's (fitted to its memory) or, without a plan, the targets table's; on one
       node the TCPStore's port (--nccl-port) is the dist-init port, which the network role fences
-  preflight_cluster | dsaops_plan(target=, nodes=)
-      {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}
+  extra_args | dsaops_plan_extras(env=)
+      {"settings": what the server's extra arguments and environment set that `dsaops plan` models
+      (dsaops.plan_extras), "error": null}, or {"settings": null, "error": why}
+  preflight_cluster | dsaops_plan(target=, nodes=, extras=)
+      {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}; the
+      extras (dsaops_plan_extras' settings) win over the inventory's, as at launch
   dsaops_target | dsaops_image(registry=)
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
   settings | dsaops_exporter_containers
@@ -41,6 +45,7 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
 records them. The dsaops package is imported from this checkout (the folder that holds
 playbooks/), so an ansible installed without dsaops runs these too.
 """
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -54,7 +59,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import fence, inventory_checks, sglang_ports, targets
+from dsaops import fence, inventory_checks, plan_extras, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -91,7 +96,14 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
     return launch_args(spec, node)
 
 
-def plan(cluster, *, target, nodes):
+def extras(args, *, env=None):
+    try:
+        return {"settings": plan_extras.read(args, env), "error": None}
+    except UserError as e:
+        return {"settings": None, "error": str(e)}
+
+
+def plan(cluster, *, target, nodes, extras=None):
     request = PlanRequest(
         target=str(target), nodes=int(nodes), gpus_per_node=int(cluster["gpus_per_node"]),
         tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]),
@@ -100,6 +112,7 @@ def plan(cluster, *, target, nodes):
         mem_fraction_static=float(cluster["mem_fraction_static"]), gpu_memory_gib=float(cluster["gpu_memory_gib"]),
         weights_gib=_float(cluster["weights_gib"]), max_running_requests=_int(cluster["max_running_requests"]))
     try:
+        request = dataclasses.replace(request, **plan_extras.request_fields(extras or {}))
         return {"plan": make_plan(request).to_json(), "error": None}
     except UserError as e:
         return {"plan": None, "error": str(e)}
@@ -172,7 +185,7 @@ def scrape_host(listen_host, node_address, what):
 
 class FilterModule:
     def filters(self):
-        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_image": image,
+        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_plan_extras": extras, "dsaops_image": image,
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,

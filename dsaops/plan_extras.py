@@ -1,0 +1,117 @@
+"""What a server's extra arguments and environment set of a `dsaops plan`, read as SGLang 0.5.23 reads them.
+
+The playbooks launch SGLang with sglang_server_extra_args after the flags dsaops writes, so they
+win (dsaops.launch_args), and with sglang_server_extra_env in its environment; the preflight plans
+with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
+defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
+that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices;
+flags the planner does not model are left to SGLang.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+
+from dsaops import plan
+from dsaops.errors import UserError
+from dsaops.plan_input import shown
+
+# SGLang's spellings of the options `dsaops plan` models (srt/arg_groups/fields/*.py; --enable-dp-attention:
+# server_args.py), each with the shortest prefix its argparse takes for that flag alone
+FLAGS = {
+    "--tp-size": "--tp", "--tensor-parallel-size": "--te", "--dp-size": "--dp", "--data-parallel-size": "--da",
+    "--attn-dp-size": "--attn-d", "--attention-data-parallel-size": "--attention-d",
+    "--enable-dp-attention": "--enable-dp-attention",     # also a prefix of --enable-dp-attention-local-control-broadcast
+    "--kv-cache-dtype": "--kv-cac", "--dsa-prefill-backend": "--dsa-pr", "--dsa-decode-backend": "--dsa-d",
+    "--mem-fraction-static": "--mem", "--context-length": "--context-l", "--max-running-requests": "--max-r",
+    "--max-mamba-cache-size": "--max-m", "--mamba-ssm-dtype": "--mamba-s", "--mamba-full-memory-ratio": "--mamba-f",
+    "--mamba-radix-cache-strategy": "--mamba-r", "--disable-radix-cache": "--disable-r",
+    "--disable-overlap-schedule": "--disable-ov", "--mm-feature-transport": "--mm-f",
+    "--speculative-num-draft-tokens": "--speculative-num-d",
+}
+# SGLang's other names for them (srt/arg_groups/fields/parallel.py aliases)
+ALIASES = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size",
+           "--attention-data-parallel-size": "--attn-dp-size"}
+# SGLang's environment switch (srt/environ.py, an EnvBool): the `dsaops plan` switch it amounts to
+ENV = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "--skip-decode-lock"}
+ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")   # EnvBool.parse, lowercased
+# argparse's _negative_number_matcher: such a word is a value, not a flag (SGLang has no flag like it)
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+@functools.cache
+def _plan_options() -> dict[str, argparse.Action]:
+    """The `dsaops plan` parser's actions, by option string."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    plan.add_parser(sub)
+    return sub.choices["plan"]._option_string_actions
+
+
+def _flag(name: str) -> str | None:
+    """The `dsaops plan` option SGLang's argparse reads `name` as; None for any other flag, or a prefix it
+    refuses as ambiguous."""
+    spelling = next((flag for flag, least in FLAGS.items() if flag.startswith(name) and name.startswith(least)), None)
+    return ALIASES.get(spelling, spelling)
+
+
+def _is_flag(word: str) -> bool:
+    """Whether argparse takes `word` for an option rather than a value (_parse_optional)."""
+    return word.startswith("-") and len(word) > 1 and not _NEGATIVE_NUMBER.match(word) and " " not in word
+
+
+def _value(action: argparse.Action, flag: str, text: str):
+    """`text` as the `dsaops plan` option reads it: its type, then its choices."""
+    try:
+        value = action.type(text) if action.type else text
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"sglang_server_extra_args: {flag} {e}; fix the value or drop the flag") from None
+    except ValueError:
+        raise UserError(f"sglang_server_extra_args: {flag} takes a number, got {shown(text)}; fix the value or "
+                        "drop the flag") from None
+    if action.choices is not None and value not in action.choices:
+        raise UserError(f"sglang_server_extra_args: {flag} {shown(text)} is not one `dsaops plan` plans: give one of "
+                        f"{', '.join(action.choices)}, or drop the flag")
+    return value
+
+
+def read(args, env=None) -> dict[str, object]:
+    """{`dsaops plan` option or ENV name: value} for what `args` (sglang_server_extra_args) and `env`
+    (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
+    takes it; UserError in one line for a value SGLang or the planner would refuse."""
+    args = [str(a) for a in args]
+    settings: dict[str, object] = {}
+    for at, word in enumerate(args):
+        if word == "--":           # argparse reads no flag after it
+            break
+        name, eq, text = word.partition("=")
+        flag = _flag(name) if _is_flag(word) and name.startswith("--") else None
+        if flag is None:
+            continue
+        action = _plan_options()[flag]
+        if action.nargs == 0:      # a switch
+            if eq:
+                raise UserError(f"sglang_server_extra_args: {flag} is a switch and takes no value, got {word!r}; "
+                                f"write {flag} alone")
+            settings[flag] = True
+            continue
+        if not eq:
+            if at + 1 == len(args) or _is_flag(args[at + 1]) or args[at + 1] == "--":
+                raise UserError(f"sglang_server_extra_args: {word} needs a value (SGLang refuses it without one); "
+                                "give one or drop the flag")
+            text = args[at + 1]
+        settings[flag] = _value(action, flag, text)
+    for name, value in (env or {}).items():
+        if name in ENV:
+            word = str(value).lower()   # as the server script renders it: True is 'True'
+            if word not in ENV_TRUE + ENV_FALSE:
+                raise UserError(f"sglang_server_extra_env: {name}={shown(str(value))} is neither true "
+                                f"({', '.join(ENV_TRUE)}) nor false ({', '.join(ENV_FALSE)}); write 1 or 0")
+            if word in ENV_TRUE:   # false is SGLang's default
+                settings[name] = True
+    return settings
+
+
+def request_fields(settings: dict[str, object]) -> dict[str, object]:
+    """The dsaops.plan.PlanRequest fields `settings` (what read gives) set."""
+    return {_plan_options()[ENV.get(key, key)].dest: value for key, value in settings.items()}

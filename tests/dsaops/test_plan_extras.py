@@ -1,0 +1,135 @@
+"""The planner reads the server's extra arguments and environment as the pinned SGLang reads them."""
+import argparse
+import contextlib
+import dataclasses
+import os
+import warnings
+
+import pytest
+
+from dsaops import plan_extras
+from dsaops.errors import UserError
+from dsaops.plan import PlanRequest
+from tests.support.sglang_definitions import cli_aliases, cli_flags, define, source_file
+
+SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
+
+
+def test_sglang_parses_with_argparses_abbreviations():
+    source = source_file("srt/server_args.py").read_text()
+    assert 'argparse.ArgumentParser(prog="sglang serve")' in source and "allow_abbrev" not in source
+
+
+def test_each_spelling_is_sglangs_with_the_shortest_prefix_it_takes_alone():
+    flags = cli_flags()
+    for flag, least in plan_extras.FLAGS.items():
+        assert flag in flags and flag.startswith(least), flag
+        for end in range(len(least), len(flag)):
+            assert {f for f in flags if f.startswith(flag[:end])} == {flag}, flag[:end]
+        assert len({f for f in flags if f.startswith(least[:-1])}) > 1, least   # one shorter is shared
+    aliases = cli_aliases()
+    assert plan_extras.ALIASES == {a: f for a, f in aliases.items() if a in plan_extras.FLAGS}
+    assert {aliases.get(f, f) for f in plan_extras.FLAGS} == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+
+
+def test_every_plan_option_sglang_takes_is_read_from_the_extra_arguments():
+    """A flag added to `dsaops plan` that SGLang also takes is planned from the extras too, or this fails.
+    `--model` is a preset to the planner, the model path to SGLang."""
+    sglang = cli_flags()
+    planned = {option for option in plan_extras._plan_options() if option in sglang} - {"--model"}
+    assert planned == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+
+
+def test_the_environment_switch_reads_as_sglangs_envbool():
+    environ = source_file("srt/environ.py").read_text()
+    assert f"{SKIP} = EnvBool(False)" in environ
+    namespace = {"contextmanager": contextlib.contextmanager, "os": os, "warnings": warnings}
+    define("srt/environ.py", "EnvField", namespace)
+    env_bool = define("srt/environ.py", "EnvBool", namespace)(False)
+    for word in ("1", "true", "True", "YES", "y", "0", "false", "No", "n", "2", "on", " 1", ""):
+        try:
+            sglang = env_bool.parse(word)
+        except ValueError:
+            with pytest.raises(UserError, match=f"^sglang_server_extra_env: {SKIP}=.* is neither true"):
+                plan_extras.read([], {SKIP: word})
+            continue
+        assert plan_extras.read([], {SKIP: word}) == ({SKIP: True} if sglang else {}), word
+    assert plan_extras.read([], {SKIP: True}) == {SKIP: True}   # YAML's true, rendered True
+    assert plan_extras.read([], {"SGLANG_OTHER": "1"}) == {}
+
+
+def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
+    """What argparse, holding every flag of the pinned SGLang (switches where the planner's are), gives the
+    planner's options for argv."""
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    aliases = cli_aliases()
+    switches = {"--trust-remote-code", "--enable-dp-attention-local-control-broadcast"} | {f for f, a in plan_extras._plan_options().items() if a.nargs == 0}
+    for flag in cli_flags():
+        if flag not in aliases:
+            names = [flag, *(a for a, f in aliases.items() if f == flag)]
+            parser.add_argument(*names, dest=flag, **({"action": "store_true"} if flag in switches else {}))
+    given = vars(parser.parse_args(argv))
+    return {flag: given[flag] for flag in set(plan_extras.FLAGS) - set(plan_extras.ALIASES) if given[flag]}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--context-length", "8192"], ["--context-length=8192"], ["--context-l", "8192"], ["--context-len=8192"],
+    ["--tensor-parallel-size", "8", "--tp", "4"], ["--tp-size=4", "--tensor-parallel-size=8"],
+    ["--mem", "0.7", "--disable-r", "--trust-remote-code", "--chat-template", "x.jinja"],
+    ["--enable-dp-attention", "--dp", "8"], ["--mm-f=cuda_ipc"], ["--attention-d", "4", "--max-r=16"],
+    ["--disable-overlap-schedule", "--mamba-radix-cache-strategy", "no_buffer", "--speculative-num-d", "3"],
+    ["--enable-dp-attention-local-control-broadcast", "--max-mamba-cache-size", "64", "--mamba-f", "0.5"],
+    ["--chat-template", "-a b", "--kv-cac=bf16", "--dsa-pr", "tilelang", "--dsa-d=flashmla_kv", "--mamba-s", "bfloat16"],
+])
+def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
+    read = plan_extras.read(argv)
+    assert read and {flag: str(value) for flag, value in read.items() if value is not True} == \
+        {flag: value for flag, value in _as_sglang(argv).items() if value is not True}
+    assert {flag for flag, value in read.items() if value is True} == \
+        {flag for flag, value in _as_sglang(argv).items() if value is True}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--trust-remote-code", "--chat-template", "x.jinja"],
+    ["--model", "/models/x", "--nnodes", "2", "--ep", "8"],   # the planner's --model is a preset; --nnodes is the inventory's
+    ["--context", "8192"],     # SGLang refuses it as ambiguous (--context-length, --context-bucket, ...)
+    ["--", "--context-length", "8192"],
+])
+def test_flags_the_planner_does_not_model_are_left_to_sglang(argv):
+    assert plan_extras.read(argv) == {}
+
+
+def test_sglang_refuses_the_ambiguous_prefix_left_alone():
+    with pytest.raises(SystemExit):
+        _as_sglang(["--context", "8192"])
+
+
+def test_the_last_given_wins_and_maps_to_the_plan_request():
+    settings = plan_extras.read(["--max-running-requests", "8", "--max-running-requests=64", "--disable-radix-cache",
+                                 "--mm-feature-transport", "cuda_ipc", "--tensor-parallel-size", "4"], {SKIP: "1"})
+    assert settings == {"--max-running-requests": 64, "--disable-radix-cache": True, "--mm-feature-transport": "cuda_ipc",
+                        "--tp-size": 4, SKIP: True}
+    request = PlanRequest(target="sm_90", nodes=1, gpus_per_node=8, tp_size=8, kv_cache_dtype="fp8_e4m3",
+                          mem_fraction_static=0.8, gpu_memory_gib=96, max_running_requests=240)
+    planned = dataclasses.replace(request, **plan_extras.request_fields(settings))
+    assert (planned.max_running_requests, planned.disable_radix_cache, planned.mm_feature_transport, planned.tp_size,
+            planned.skip_decode_lock) == (64, True, "cuda_ipc", 4, True)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--context-length", "abc"], "--context-length must be a whole number from 1 to 2147483647, got 'abc'"),
+    (["--context-l=-5"], "--context-length must be a whole number from 1 to 2147483647, got '-5'"),
+    (["--context-length", "-5"], "--context-length must be a whole number"),     # a negative number is a value
+    (["--context-length"], "--context-length needs a value"),
+    (["--context-length", "--trust-remote-code"], "--context-length needs a value"),
+    (["--mem-fraction-static=x"], "--mem-fraction-static takes a number, got 'x'"),
+    (["--disable-radix-cache=1"], "--disable-radix-cache is a switch and takes no value"),
+    (["--mm-feature-transport", "cuda_vmm"], ("--mm-feature-transport 'cuda_vmm' is not one `dsaops plan` plans: "
+                                              "give one of cpu, cuda_ipc")),
+    (["--kv-cache-dtype", "auto"], "give one of bf16, bfloat16, fp8_e4m3"),
+])
+def test_a_bad_value_is_refused_in_one_line(argv, says):
+    with pytest.raises(UserError) as refused:
+        plan_extras.read(["--trust-remote-code", *argv])
+    assert str(refused.value).startswith("sglang_server_extra_args: ") and says in str(refused.value)
+    assert "\n" not in str(refused.value)
