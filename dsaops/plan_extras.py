@@ -5,7 +5,8 @@ win (dsaops.launch_args), and with sglang_server_extra_env in its environment; t
 with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
 defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
 that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices;
-flags the planner does not model are left to SGLang.
+flags the planner does not model are left to SGLang. A flag dsaops writes from an inventory variable is
+refused: other roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
 """
 from __future__ import annotations
 
@@ -29,10 +30,24 @@ FLAGS = {
     "--mamba-radix-cache-strategy": "--mamba-r", "--disable-radix-cache": "--disable-r",
     "--disable-overlap-schedule": "--disable-ov", "--mm-feature-transport": "--mm-f",
     "--speculative-num-draft-tokens": "--speculative-num-d",
+    "--model-path": "--model-p", "--model": "--model", "--host": "--ho", "--port": "--po", "--ep-size": "--ep-s",
+    "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--no",
+    "--dist-init-addr": "--dist-i", "--nccl-init-addr": "--nccl-i", "--nccl-port": "--nccl-p",
 }
-# SGLang's other names for them (srt/arg_groups/fields/parallel.py aliases)
+# SGLang's other names for them (srt/arg_groups/fields/*.py aliases)
 ALIASES = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size",
-           "--attention-data-parallel-size": "--attn-dp-size"}
+           "--attention-data-parallel-size": "--attn-dp-size", "--model": "--model-path",
+           "--expert-parallel-size": "--ep-size", "--ep": "--ep-size", "--nccl-init-addr": "--dist-init-addr"}
+# The flags dsaops writes (dsaops.launch_args, from the playbooks), by what the inventory sets them with
+OWNED = {
+    "--model-path": "dsaops_model_path", "--host": "dsaops_server_listen_host", "--port": "dsaops_server_port",
+    "--tp-size": "dsaops_tp_size", "--attn-dp-size": "dsaops_attn_dp_size", "--enable-dp-attention": "dsaops_attn_dp_size",
+    "--ep-size": "dsaops_ep_size", "--nnodes": "the dsaops_cluster group", "--node-rank": "the dsaops_workers group",
+    "--dist-init-addr": "dsaops_cluster_address and dsaops_dist_init_port", "--nccl-port": "dsaops_dist_init_port",
+    "--kv-cache-dtype": "dsaops_kv_cache_dtype", "--dsa-prefill-backend": "dsaops_dsa_prefill_backend",
+    "--dsa-decode-backend": "dsaops_dsa_decode_backend", "--mem-fraction-static": "dsaops_mem_fraction_static",
+    "--max-running-requests": "dsaops_max_running_requests",
+}
 # SGLang's environment switch (srt/environ.py, an EnvBool): the `dsaops plan` switch it amounts to
 ENV = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "--skip-decode-lock"}
 ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")   # EnvBool.parse, lowercased
@@ -78,7 +93,7 @@ def _value(action: argparse.Action, flag: str, text: str):
 def read(args, env=None) -> dict[str, object]:
     """{`dsaops plan` option or ENV name: value} for what `args` (sglang_server_extra_args) and `env`
     (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
-    takes it; UserError in one line for a value SGLang or the planner would refuse."""
+    takes it; UserError in one line for a value SGLang or the planner would refuse, or an OWNED flag."""
     args = [str(a) for a in args]
     settings: dict[str, object] = {}
     for at, word in enumerate(args):
@@ -88,6 +103,9 @@ def read(args, env=None) -> dict[str, object]:
         flag = _flag(name) if _is_flag(word) and name.startswith("--") else None
         if flag is None:
             continue
+        if flag in OWNED:
+            raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "
+                            "too; set that in the inventory and drop the flag")
         action = _plan_options()[flag]
         if action.nargs == 0:      # a switch
             if eq:

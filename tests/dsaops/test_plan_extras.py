@@ -9,6 +9,7 @@ import pytest
 
 from dsaops import plan_extras
 from dsaops.errors import UserError
+from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
 from dsaops.plan import PlanRequest
 from tests.support.sglang_definitions import cli_aliases, cli_flags, define, source_file
 
@@ -37,7 +38,22 @@ def test_every_plan_option_sglang_takes_is_read_from_the_extra_arguments():
     `--model` is a preset to the planner, the model path to SGLang."""
     sglang = cli_flags()
     planned = {option for option in plan_extras._plan_options() if option in sglang} - {"--model"}
-    assert planned == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+    assert planned | set(plan_extras.OWNED) == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+
+
+def test_every_flag_dsaops_writes_from_the_inventory_is_refused_in_the_extra_arguments():
+    """A flag launch_args gains from an inventory variable is refused in the extras too, or this fails; what the
+    rest come from: the plan or the targets table, the weights role, the monitoring role, the secrets file."""
+    spec = ClusterSpec(tp_size=8, kv_cache_dtype="fp8_e4m3", dsa_prefill_backend="tilelang", dsa_decode_backend="tilelang",
+                       nnodes=2, attn_dp_size=8, ep_size=8, mem_fraction_static=0.8, max_running_requests=64,
+                       chunked_prefill_size=4096, served_model_name="glm", enable_metrics=True)
+    node = NodeSpec(model_path="/m", host="0.0.0.0", port=30000, node_rank=1, dist_init_addr="10.0.0.1:25000",
+                    config_file="/c.yaml")
+    single = dataclasses.replace(spec, nnodes=1, nccl_port=25000)
+    written = {word for word in launch_args(spec, node) + launch_args(single, node) if word.startswith("--")}
+    assert written - set(plan_extras.OWNED) == {"--chunked-prefill-size", "--served-model-name", "--enable-metrics",
+                                                 "--config"}
+    assert set(plan_extras.OWNED) - written == {"--enable-dp-attention"}   # the deprecated spelling of --attn-dp-size
 
 
 def test_the_environment_switch_reads_as_sglangs_envbool():
@@ -74,12 +90,12 @@ def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
 
 @pytest.mark.parametrize("argv", [
     ["--context-length", "8192"], ["--context-length=8192"], ["--context-l", "8192"], ["--context-len=8192"],
-    ["--tensor-parallel-size", "8", "--tp", "4"], ["--tp-size=4", "--tensor-parallel-size=8"],
-    ["--mem", "0.7", "--disable-r", "--trust-remote-code", "--chat-template", "x.jinja"],
-    ["--enable-dp-attention", "--dp", "8"], ["--mm-f=cuda_ipc"], ["--attention-d", "4", "--max-r=16"],
+    ["--data-parallel-size", "8", "--dp", "4"], ["--dp-size=4", "--data-parallel-size=8"],
+    ["--disable-r", "--trust-remote-code", "--chat-template", "x.jinja"],
+    ["--dp", "8"], ["--mm-f=cuda_ipc"], ["--speculative-num-d=2", "--max-m", "16"],
     ["--disable-overlap-schedule", "--mamba-radix-cache-strategy", "no_buffer", "--speculative-num-d", "3"],
     ["--enable-dp-attention-local-control-broadcast", "--max-mamba-cache-size", "64", "--mamba-f", "0.5"],
-    ["--chat-template", "-a b", "--kv-cac=bf16", "--dsa-pr", "tilelang", "--dsa-d=flashmla_kv", "--mamba-s", "bfloat16"],
+    ["--chat-template", "-a b", "--mamba-s", "bfloat16"],
 ])
 def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
     read = plan_extras.read(argv)
@@ -91,7 +107,7 @@ def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
 
 @pytest.mark.parametrize("argv", [
     ["--trust-remote-code", "--chat-template", "x.jinja"],
-    ["--model", "/models/x", "--nnodes", "2", "--ep", "8"],   # the planner's --model is a preset; --nnodes is the inventory's
+    ["--enable-dp-attention-local-control-broadcast", "--model-impl", "x", "--ep-dispatch-algorithm", "x"],  # not OWNED's
     ["--context", "8192"],     # SGLang refuses it as ambiguous (--context-length, --context-bucket, ...)
     ["--", "--context-length", "8192"],
 ])
@@ -105,15 +121,15 @@ def test_sglang_refuses_the_ambiguous_prefix_left_alone():
 
 
 def test_the_last_given_wins_and_maps_to_the_plan_request():
-    settings = plan_extras.read(["--max-running-requests", "8", "--max-running-requests=64", "--disable-radix-cache",
-                                 "--mm-feature-transport", "cuda_ipc", "--tensor-parallel-size", "4"], {SKIP: "1"})
-    assert settings == {"--max-running-requests": 64, "--disable-radix-cache": True, "--mm-feature-transport": "cuda_ipc",
-                        "--tp-size": 4, SKIP: True}
+    settings = plan_extras.read(["--context-length", "8192", "--context-length=4096", "--disable-radix-cache",
+                                 "--mm-feature-transport", "cuda_ipc", "--data-parallel-size", "4"], {SKIP: "1"})
+    assert settings == {"--context-length": 4096, "--disable-radix-cache": True, "--mm-feature-transport": "cuda_ipc",
+                        "--dp-size": 4, SKIP: True}
     request = PlanRequest(target="sm_90", nodes=1, gpus_per_node=8, tp_size=8, kv_cache_dtype="fp8_e4m3",
                           mem_fraction_static=0.8, gpu_memory_gib=96, max_running_requests=240)
     planned = dataclasses.replace(request, **plan_extras.request_fields(settings))
-    assert (planned.max_running_requests, planned.disable_radix_cache, planned.mm_feature_transport, planned.tp_size,
-            planned.skip_decode_lock) == (64, True, "cuda_ipc", 4, True)
+    assert (planned.context_length, planned.disable_radix_cache, planned.mm_feature_transport, planned.dp_size,
+            planned.skip_decode_lock) == (4096, True, "cuda_ipc", 4, True)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -122,11 +138,22 @@ def test_the_last_given_wins_and_maps_to_the_plan_request():
     (["--context-length", "-5"], "--context-length must be a whole number"),     # a negative number is a value
     (["--context-length"], "--context-length needs a value"),
     (["--context-length", "--trust-remote-code"], "--context-length needs a value"),
-    (["--mem-fraction-static=x"], "--mem-fraction-static takes a number, got 'x'"),
+    (["--mamba-full-memory-ratio=x"], "--mamba-full-memory-ratio takes a number, got 'x'"),
     (["--disable-radix-cache=1"], "--disable-radix-cache is a switch and takes no value"),
     (["--mm-feature-transport", "cuda_vmm"], ("--mm-feature-transport 'cuda_vmm' is not one `dsaops plan` plans: "
                                               "give one of cpu, cuda_ipc")),
-    (["--kv-cache-dtype", "auto"], "give one of bf16, bfloat16, fp8_e4m3"),
+    (["--mamba-ssm-dtype", "fp8"], "give one of float32, bfloat16, float16"),
+    (["--tp", "8"], "--tp is written from dsaops_tp_size, which other roles read too; set that in the inventory"),
+    (["--tensor-parallel-size=8"], "--tensor-parallel-size is written from dsaops_tp_size"),
+    (["--max-r=8"], "--max-r is written from dsaops_max_running_requests"),
+    (["--mem", "0.7"], "--mem is written from dsaops_mem_fraction_static"),
+    (["--kv-cache-dtype", "bf16"], "--kv-cache-dtype is written from dsaops_kv_cache_dtype"),
+    (["--model", "/x"], "--model is written from dsaops_model_path"),
+    (["--ep", "8"], "--ep is written from dsaops_ep_size"),
+    (["--host=0.0.0.0"], "--host is written from dsaops_server_listen_host"),
+    (["--po", "8000"], "--po is written from dsaops_server_port"),
+    (["--nccl-init-addr", "h:1"], "--nccl-init-addr is written from dsaops_cluster_address and dsaops_dist_init_port"),
+    (["--enable-dp-attention"], "--enable-dp-attention is written from dsaops_attn_dp_size"),
 ])
 def test_a_bad_value_is_refused_in_one_line(argv, says):
     with pytest.raises(UserError) as refused:

@@ -112,11 +112,11 @@ def test_the_extra_arguments_win_over_the_inventory_in_the_plan():
                "dsa_prefill_backend": "tilelang", "dsa_decode_backend": "tilelang", "mem_fraction_static": "0.85",
                "gpu_memory_gib": "96", "weights_gib": None, "max_running_requests": "240"}
     inventory = library.plan(cluster, target="sm_90", nodes=1)["plan"]
-    read = library.extras(["--trust-remote-code", "--max-running-requests=16", "--context-len", "8192"])
+    read = library.extras(["--trust-remote-code", "--disable-radix-cache", "--context-len", "8192"])
     assert read["error"] is None
     extra = library.plan(cluster, target="sm_90", nodes=1, extras=read["settings"])["plan"]
-    assert (inventory["max_running_requests_requested"], extra["max_running_requests_requested"]) == (240, 16)
     assert extra["context_length"] == 8192 != inventory["context_length"]
+    assert (inventory["mamba_slots_source"], extra["mamba_slots_source"]) == ("auto", "--max-running-requests")
     assert "--context-length 8192" in " ".join(extra["sglang_args"])
     assert library.extras(["--context-length", "abc"]) == {"settings": None, "error": (
         "sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; fix the "

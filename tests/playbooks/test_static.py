@@ -194,9 +194,9 @@ def test_plan_contradiction_stops_unless_acknowledged():
 def test_the_plan_takes_what_the_extra_arguments_set():
     """The server starts with sglang_server_extra_args after the inventory's flags, so they win: the preflight plans
     with them, and so stops where SGLang or the gate would."""
-    extra = print_commands("h20-8gpu", "-e", '{"dsaops_plan_acknowledge": [], "sglang_server_extra_args": ["--max-r=8"]}')
-    assert extra.returncode != 0
-    assert "bound by dp_split: at most 1 running request(s) per DP rank" in extra.stderr   # not the inventory's 30
+    pool = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--mm-feature-transport", "cuda_ipc"]}')
+    assert pool.returncode != 0    # its 1 GiB feature pool leaves the mamba cache 29 requests a rank
+    assert "concurrency is bound by mamba: at most 29 running request(s) per DP rank" in pool.stderr
     ipc = print_commands("dgx-spark-2x", "-e", '{"sglang_server_extra_args": ["--mm-feature-transport", "cuda_ipc"]}')
     assert ipc.returncode != 0
     assert ("`dsaops plan` refuses these settings: SGLang refuses this launch at startup: --mm-feature-transport=cuda_ipc "
@@ -204,8 +204,14 @@ def test_the_plan_takes_what_the_extra_arguments_set():
 
 
 def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_stop_the_run(tmp_path):
-    """One line before anything renders: a value no launch takes, or flags the plan models set differently on two
-    nodes (one plan stands for the cluster, and SGLang needs them alike)."""
+    """One line before anything renders: a value no launch takes, a flag dsaops writes from an inventory variable, or
+    flags the plan models set differently on two nodes (one plan stands for the cluster, and SGLang needs them
+    alike)."""
+    owned = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--max-r=8"]}')
+    failed = [line for line in owned.stderr.splitlines() if "FAILED" in line]
+    assert owned.returncode != 0 and len(failed) == 1, owned.stderr[-3000:]
+    assert ("h20-1: sglang_server_extra_args: --max-r is written from dsaops_max_running_requests, which other roles "
+            "read too; set that in the inventory and drop the flag") in failed[0]
     bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "abc"]}')
     failed = [line for line in bad.stderr.splitlines() if "FAILED" in line]
     assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]
