@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dsaops.errors import UserError
-from dsaops.inventory_checks import SECRET_VARIABLES, refusal, refusals
+from dsaops.inventory_checks import SECRET_VARIABLES, UIDS, refusal, refusals
 from dsaops.plan_input import JSON_MOST_BYTES, read_text
 
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
@@ -117,14 +117,23 @@ def check_inventory(inventory: Path, path: str, limit: str | None = None, overri
         checked &= limited
     if overrides is not None:
         hostvars = listing.get("_meta", {}).get("hostvars", {})
+        defaults = _uid_defaults()
         refused: dict[str, list[str]] = {}
         for host in sorted(checked):
-            values = {"inventory_hostname": host, **hostvars.get(host, {}), **overrides}
+            values = {"inventory_hostname": host, **defaults, **hostvars.get(host, {}), **overrides}
             for line in refusals({name: value for name, value in values.items() if _plain(value)}):
                 refused.setdefault(line, []).append(_shown(host))
         if refused:
             raise UserError(" ".join(f"{', '.join(on)}: {line}" for line, on in refused.items()))
     return hosts
+
+
+def _uid_defaults() -> dict:
+    """The monitoring role's default uids: a uid the inventory sets to another container's default is refused too."""
+    import yaml  # beside Ansible; the CLI's other commands stay stdlib-only
+
+    defaults = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())
+    return {name: defaults[name] for name in UIDS if name in defaults}
 
 
 class _Opaque:

@@ -170,6 +170,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "levels": (_match(re.compile(r"[0-9]+(,[0-9]+)*")), "comma-separated whole numbers such as 1,2"),
     "mtu": (_between(576, 9216), "an MTU of 576 to 9216"),
     "oom_score": (_between(-1000, 1000), "a whole number from -1000 to 1000"),
+    # a container's own user and group: not root, not nobody (65534), within the 65536 ids a user namespace maps
+    "uid": (_between(1, 65533), "a whole number from 1 to 65533: a uid of the container's own, not root (0) or nobody"),
     # min_free_kbytes's ceiling: past a quarter of MemTotal the kernel's free reserve starves the server and the OS
     "reserved_percent": (_between(1, 25), "a whole percentage of MemTotal from 1 to 25"),
     "headroom_mib": (_between(1, 1 << 18), "a whole number of MiB from 1 to 262144 (256 GiB)"),
@@ -225,6 +227,8 @@ VARIABLES: dict[str, str] = {
     "monitoring_prometheus_listen": "ip",
     "monitoring_alert_webhook_url": "url", "monitoring_datasource_uid": "name",
     "monitoring_grafana_admin_password": "secret", "monitoring_start": "monitoring_start",
+    "monitoring_prometheus_uid": "uid", "monitoring_alertmanager_uid": "uid", "monitoring_grafana_uid": "uid",
+    "monitoring_exporter_uid": "uid", "monitoring_docker_proxy_uid": "uid",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
     "weights_hf_token": "token", "weights_hf_token_file": "path", "host_memory_sysctl_file": "path",
@@ -248,6 +252,8 @@ RENAMED: dict[str, str] = {"sglang_server_config_dir": "dsaops_config_dir", "sgl
 _SECRETS = {"secret", "api_key", "token", "api_key_value", "secret_value"}     # never repeated in a message
 # The variables of those kinds: what `ps` must never show on ansible-playbook's command line (dsaops deploy)
 SECRET_VARIABLES = tuple(name for name, kind in (VARIABLES | VALUES).items() if kind in _SECRETS)
+# The containers' users: each one's files are its alone only while no other container runs as its uid
+UIDS = tuple(name for name, kind in VARIABLES.items() if kind == "uid")
 
 
 def refusal(name: str, value) -> str | None:
@@ -269,9 +275,20 @@ def refusal(name: str, value) -> str | None:
 
 
 def refusals(values: Mapping[str, object]) -> list[str]:
-    """One line per refused value, in the table's order."""
-    return [line for name in (*VARIABLES, *VALUES, *RENAMED)
-            if name in values and (line := refusal(name, values[name])) is not None]
+    """One line per refused value, in the table's order, then one per uid two of the containers' users share."""
+    lines = [line for name in (*VARIABLES, *VALUES, *RENAMED)
+             if name in values and (line := refusal(name, values[name])) is not None]
+    return lines + _shared_uids({name: values[name] for name in UIDS
+                                if values.get(name) is not None and refusal(name, values[name]) is None})
+
+
+def _shared_uids(uids: Mapping[str, object]) -> list[str]:
+    """One line for each uid two of `uids` ({variable: uid}) share: each container's must be its own."""
+    claims: dict[int, list[str]] = {}
+    for name, uid in uids.items():
+        claims.setdefault(_int(uid), []).append(name)
+    return [f"{' and '.join(names)} share uid {uid}: give each container a uid of its own."
+            for uid, names in sorted(claims.items()) if len(names) > 1]
 
 
 def names(prefix: str = "") -> list[str]:

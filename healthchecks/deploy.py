@@ -5,7 +5,7 @@ Two containers from the serving image, each with Docker's restart policy:
 
 - `dsaops-docker-proxy`: holds the Docker socket, answers only the state of the server container
   (`dsaops docker-proxy`), on a Unix socket in `run_dir`; no network, read-only, no capabilities,
-  as user nobody (65534) in the Docker socket's group (`docker_gid`).
+  as its own user (`proxy_uid`, group the same) in the Docker socket's group (`docker_gid`).
 - `dsaops-exporter`: `dsaops exporter` with what each fact needs and no more:
   the server log's folder read-only; its own state folder; the host's PID namespace (the ranks,
   and their pids inside the server container through NSpid) and the host's cgroup namespace with
@@ -13,8 +13,12 @@ Two containers from the serving image, each with Docker's restart policy:
   file read-only (for /server_info); the token file read-only (every scrape must carry its token);
   with `kmsg`, /dev/kmsg and CAP_SYSLOG (the kernel's OOM record, which names the pid). Host network (it serves /metrics and reads the server at
   `server_host`, loopback unless the server listens on one address only), read-only root, no other
-  capability, no new privileges. It runs as nobody; with `kmsg` as uid 0 holding CAP_SYSLOG alone
-  (Docker gives an added capability to uid 0 only), in nobody's group to reach the proxy's socket.
+  capability, no new privileges. It runs as its own user (`uid`, group the same); with `kmsg` as uid 0
+  holding CAP_SYSLOG alone (Docker gives an added capability to uid 0 only); either way in the proxy's
+  group, to reach its socket.
+
+The two uids are the monitoring role's (monitoring_exporter_uid, monitoring_docker_proxy_uid): no host
+account has them, so the files given to each container are its process's alone.
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 CGROUP_MOUNT = "/host/sys/fs/cgroup"
-NOBODY = 65534
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class ExporterDeployment:
     server_port: int
     listen: str
     log_file: str
+    uid: int                          # the exporter's user (and group) where it does not read /dev/kmsg
+    proxy_uid: int                    # the Docker proxy's user (and group), which owns the socket's folder
     server_host: str = "127.0.0.1"    # the URL host the server answers at from the node (dsaops.fence.probe_host)
     state_dir: str = "/var/lib/dsaops/exporter"
     run_dir: str = "/run/dsaops"
@@ -51,13 +56,13 @@ class ExporterDeployment:
 
     @property
     def exporter_uid(self) -> int:
-        """The exporter's user: nobody, or uid 0 where it needs CAP_SYSLOG for /dev/kmsg."""
-        return 0 if self.kmsg else NOBODY
+        """The exporter's user: its own, or uid 0 where it needs CAP_SYSLOG for /dev/kmsg."""
+        return 0 if self.kmsg else self.uid
 
 
 def users(d: ExporterDeployment) -> dict[str, int]:
     """The containers' uids (and gids): the host folders and files each one writes or reads are given to it."""
-    return {"exporter": d.exporter_uid, "proxy": NOBODY}
+    return {"exporter": d.exporter_uid, "proxy": d.proxy_uid}
 
 
 def _detached(name: str) -> list[str]:
@@ -67,7 +72,7 @@ def _detached(name: str) -> list[str]:
 
 def proxy_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
     """`docker run` arguments of the Docker proxy (after `docker run`)."""
-    return [*_detached(d.proxy_name), "--network", "none", "--user", f"{NOBODY}:{NOBODY}",
+    return [*_detached(d.proxy_name), "--network", "none", "--user", f"{d.proxy_uid}:{d.proxy_uid}",
             "--group-add", str(d.docker_gid),
             "--volume", f"{d.docker_socket}:/var/run/docker.sock", "--volume", f"{d.run_dir}:{d.run_dir}",
             *extra, d.image,
@@ -77,7 +82,7 @@ def proxy_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
 def exporter_run(d: ExporterDeployment, extra: tuple[str, ...] = ()) -> list[str]:
     """`docker run` arguments of the exporter (after `docker run`)."""
     log_dir = str(PurePosixPath(d.log_file).parent)
-    options = [*_detached(d.exporter_name), "--user", f"{d.exporter_uid}:{d.exporter_uid}", "--group-add", str(NOBODY),
+    options = [*_detached(d.exporter_name), "--user", f"{d.exporter_uid}:{d.exporter_uid}", "--group-add", str(d.proxy_uid),
                "--network", "host", "--pid", "host", "--cgroupns", "host",
                "--volume", f"{log_dir}:{log_dir}:ro", "--volume", f"{d.state_dir}:{d.state_dir}",
                "--volume", f"/sys/fs/cgroup:{CGROUP_MOUNT}:ro", "--volume", f"{d.run_dir}:{d.run_dir}"]

@@ -12,6 +12,7 @@ from dsaops.healthchecks.http import serve
 from dsaops.inventory_checks import (
     KINDS,
     SECRET_VARIABLES,
+    UIDS,
     VALUES,
     VARIABLES,
     names,
@@ -75,6 +76,9 @@ def test_a_newline_is_refused_everywhere(name):
     ("host_memory_max_reserved_percent", 10, 0), ("host_memory_max_reserved_percent", "25", 26),
     ("host_memory_max_reserved_percent", 1, "100"), ("host_memory_os_headroom_mib", 8192, 0),
     ("host_memory_os_headroom_mib", "262144", 262145), ("host_memory_os_headroom_mib", 1, "-8192"),
+    ("monitoring_prometheus_uid", 60580, 0), ("monitoring_alertmanager_uid", "60581", 65534),
+    ("monitoring_exporter_uid", 1, "60582x"), ("monitoring_docker_proxy_uid", 65533, 70000),
+    ("monitoring_grafana_uid", 472, True),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -97,6 +101,21 @@ def test_a_model_folder_without_a_name_of_its_own_is_refused(path):
     trailing '/' gave /models/ and no --served-model-name, and staged the copy into the folder of every model."""
     assert refusal("dsaops_model_path", path).startswith(f"dsaops_model_path={path!r} is refused")
     assert refusal("dsaops_model_path", path.rstrip("/.") or "/x") is None
+
+
+def test_two_containers_on_one_uid_are_refused_in_one_line():
+    """Each container's files are its own only while no other container runs as its uid: two variables of one
+    number (written as a string or not) are named together; a value refused on its own is not counted twice."""
+    assert set(UIDS) == {"monitoring_prometheus_uid", "monitoring_alertmanager_uid", "monitoring_grafana_uid",
+                         "monitoring_exporter_uid", "monitoring_docker_proxy_uid"}
+    defaults = {name: ROLE_DEFAULTS[name] for name in UIDS}
+    assert refusals(defaults) == [] and len(set(defaults.values())) == len(UIDS)
+    assert 65534 not in defaults.values()
+    assert refusals({**defaults, "monitoring_exporter_uid": "60580"}) == [
+        "monitoring_prometheus_uid and monitoring_exporter_uid share uid 60580: give each container a uid of its own."]
+    assert refusals({**defaults, "monitoring_exporter_uid": 0, "monitoring_docker_proxy_uid": 0}) == [
+        f"{name}=0 is refused: it must be a whole number from 1 to 65533: a uid of the container's own, not root (0) "
+        "or nobody." for name in ("monitoring_exporter_uid", "monitoring_docker_proxy_uid")]
 
 
 def test_a_refused_secret_is_named_but_never_shown():

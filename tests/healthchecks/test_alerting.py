@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from tests.support.prerequisites import need
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+MONITORING = yaml.safe_load((REPO / "playbooks/roles/monitoring/defaults/main.yml").read_text())  # the role's defaults
 
 
 class Webhook:
@@ -58,8 +60,10 @@ class Webhook:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory, promtool):
     """The monitoring role's stack tasks run by ansible-playbook on this machine (local connection,
-    nothing started): prometheus.yml, alertmanager.yml and the installed rules under a prefix."""
-    tmp = tmp_path_factory.mktemp("monitoring")
+    nothing started): prometheus.yml, alertmanager.yml and the installed rules under a prefix, in a
+    folder Prometheus' and Alertmanager's users may enter (pytest's tmp_path is closed to them)."""
+    tmp = Path(tempfile.mkdtemp(prefix="dsaops-monitoring-"))
+    tmp.chmod(0o755)
     hook = Webhook()
     ports = {"exporter": free_port(), "alertmanager": free_port(), "server": free_port()}
     here = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
@@ -89,8 +93,9 @@ def rendered(tmp_path_factory, promtool):
     yield {"prometheus": root / "etc/dsaops/prometheus/prometheus.yml",
            "token": (root / "etc/dsaops/prometheus/exporter-token").read_text().strip(),
            "alertmanager": root / "etc/dsaops/alertmanager/alertmanager.yml", "ports": ports, "hook": hook,
-           "tmp": tmp, "promtool": promtool}
+           "tmp": tmp, "root": root, "promtool": promtool}
     hook.close()
+    shutil.rmtree(tmp)
 
 
 def jobs(rendered) -> dict[str, dict]:
@@ -128,7 +133,8 @@ def test_the_playbooks_scrape_job_is_the_one_the_rules_watch(rendered, tmp_path)
     token = rendered["prometheus"].parent / "exporter-token"
     generated = (rendered["tmp"] / "inventory.secrets" / "exporter-token").read_text().strip()
     assert token.read_text() == generated + "\n" and len(generated) == 40
-    assert (token.stat().st_mode & 0o777, token.stat().st_uid) == (0o400, 65534)
+    uid = MONITORING["monitoring_prometheus_uid"]
+    assert (token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (0o400, uid, uid)
 
 
 def test_negative_control_another_job_name_never_fires(rendered, tmp_path):
@@ -144,19 +150,25 @@ def test_an_alert_reaches_the_webhook(rendered, exporter_on, launcher, fake_serv
     exp = exporter_on(Config(server_url=fake_server.url, node="n1", log_file=str(log), interval=1.0, kmsg=None),
                       rendered["ports"]["exporter"], token=rendered["token"])  # the token the play generated
     exp.watcher.scan_interval = 0.5
+    # each as the role's uid for it, which no account has, as its container runs: it reads the files the
+    # role gave it (alertmanager.yml, the scrape token: 0600 and 0400, its own) and writes its data folder
+    alertmanager, prometheus = (MONITORING[f"monitoring_{name}_uid"] for name in ("alertmanager", "prometheus"))
     procs = []
     try:
         with open(tmp_path / "alertmanager.log", "w") as out:
             procs.append(subprocess.Popen([ALERTMANAGER, f"--config.file={rendered['alertmanager']}",
-                                           f"--storage.path={tmp_path / 'am'}", "--cluster.listen-address=",
+                                           f"--storage.path={rendered['root'] / 'var/lib/dsaops/alertmanager'}",
+                                           "--cluster.listen-address=",
                                            f"--web.listen-address=127.0.0.1:{rendered['ports']['alertmanager']}"],
-                                          stdout=out, stderr=subprocess.STDOUT))
+                                          stdout=out, stderr=subprocess.STDOUT, user=alertmanager, group=alertmanager,
+                                          extra_groups=[], cwd="/"))
         prom_port = free_port()
         with open(tmp_path / "prometheus.log", "w") as out:
             procs.append(subprocess.Popen(["prometheus", f"--config.file={rendered['prometheus']}",
-                                           f"--storage.tsdb.path={tmp_path / 'tsdb'}", "--log.level=warn",
-                                           f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                          stdout=out, stderr=subprocess.STDOUT))
+                                           f"--storage.tsdb.path={rendered['root'] / 'var/lib/dsaops/prometheus'}",
+                                           "--log.level=warn", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                                          stdout=out, stderr=subprocess.STDOUT, user=prometheus, group=prometheus,
+                                          extra_groups=[], cwd="/"))
         assert wait_for(lambda: sum(exp.watcher.snapshot()[0].values()) == 2, 10)
 
         def scraped_at_zero():  # the counter's first sample must be 0 for increase() to see the death

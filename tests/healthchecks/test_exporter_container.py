@@ -23,6 +23,7 @@ from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(300)
 SCRAPE_TOKEN = "the-clusters-scrape-token-0123456789"   # as the monitoring role writes it: a file, read-only
+EXPORTER_UID, PROXY_UID = 60582, 60583   # the monitoring role's defaults: uids no host account has
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def node(dockerd, host_image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("node")
     for folder in ("log", "state", "run", "etc"):
         (tmp / folder).mkdir()
-    os.chown(tmp / "run", 65534, 65534)        # as the monitoring role makes it: the proxy (nobody) writes there
+    os.chown(tmp / "run", PROXY_UID, PROXY_UID)   # as the monitoring role makes it: the proxy writes there
     (tmp / "run").chmod(0o750)
     server = FakeServer()
     server.api_key = "the-clusters-api-key-0123456789"     # /server_info wants it, as SGLang with --api-key
@@ -42,7 +43,8 @@ def node(dockerd, host_image, tmp_path_factory):
     socket_path = dockerd["DOCKER_HOST"].removeprefix("unix://")
     d = ExporterDeployment(image=host_image, node="c1", server_container=f"dsaops-test-srv-{tag}",
                            server_port=int(server.url.rsplit(":", 1)[1]), listen=f"127.0.0.1:{free_port()}",
-                           log_file=str(tmp / "log" / "sglang.log"), state_dir=str(tmp / "state"),
+                           log_file=str(tmp / "log" / "sglang.log"), uid=EXPORTER_UID, proxy_uid=PROXY_UID,
+                           state_dir=str(tmp / "state"),
                            run_dir=str(tmp / "run"), exporter_name=f"dsaops-test-exporter-{tag}",
                            proxy_name=f"dsaops-test-proxy-{tag}", api_key_file=str(tmp / "etc" / "api-key"),
                            token_file=str(tmp / "etc" / "token"),
@@ -158,13 +160,15 @@ def test_a_scrape_without_the_token_is_refused(node):
 
 
 def test_neither_container_runs_as_root_with_powers_or_holds_a_secret_but_the_api_key(node):
-    """The proxy as nobody in the socket's group; the exporter as uid 0 with CAP_SYSLOG alone (for /dev/kmsg),
-    its API key and scrape token read-only files; neither has the server's environment (the Hugging Face token)."""
+    """The proxy as its own user in the socket's group; the exporter as uid 0 with CAP_SYSLOG alone (for /dev/kmsg)
+    in the proxy's group (its socket), its API key and scrape token read-only files; neither has the server's
+    environment (the Hugging Face token)."""
     def inspect(name):
         return json.loads(node["docker"]("inspect", name).stdout)[0]
     proxy, exporter = inspect(node["d"].proxy_name), inspect(node["d"].exporter_name)
-    assert proxy["Config"]["User"] == "65534:65534" and proxy["HostConfig"]["CapDrop"] == ["ALL"]
+    assert proxy["Config"]["User"] == f"{PROXY_UID}:{PROXY_UID}" and proxy["HostConfig"]["CapDrop"] == ["ALL"]
     assert exporter["Config"]["User"] == "0:0" and exporter["HostConfig"]["CapAdd"] == ["SYSLOG"]
+    assert exporter["HostConfig"]["GroupAdd"] == [str(PROXY_UID)]
     assert exporter["HostConfig"]["CapDrop"] == ["ALL"] and "no-new-privileges" in exporter["HostConfig"]["SecurityOpt"]
     for container in (proxy, exporter):
         env = " ".join(container["Config"]["Env"] or [])

@@ -12,22 +12,25 @@ _SPEC.loader.exec_module(library)
 
 EXPORTER = {"image": "dsaops/sglang:x", "node": "n1", "server_container": "dsaops-sglang", "server_port": 30000,
             "listen": "0.0.0.0:9860", "log_file": "/var/log/dsaops/sglang.log", "state_dir": "/var/lib/dsaops/exporter",
-            "run_dir": "/run/dsaops", "api_key_file": "/etc/dsaops/exporter/api-key", "docker_gid": 999, "plan": ""}
+            "run_dir": "/run/dsaops", "api_key_file": "/etc/dsaops/exporter/api-key", "docker_gid": 999, "plan": "",
+            "uid": "60582", "proxy_uid": 60583}
 
 
 @pytest.mark.parametrize("kmsg, reads_kmsg", [(True, True), ("true", True), ("yes", True),
                                               (False, False), ("false", False), ("no", False)])
 def test_a_switch_given_as_a_string_reads_as_ansible_reads_it(kmsg, reads_kmsg):
     """`-e monitoring_exporter_kmsg=false` reaches the filter as the string 'false': it turns /dev/kmsg off, and
-    with it the exporter's uid 0."""
+    with it the exporter's uid 0 for its own (monitoring_exporter_uid, given as a string too)."""
     settings = {**EXPORTER, "kmsg": kmsg}
     proxy, exporter = (container["args"] for container in library.exporter_containers(settings))
     assert ("/dev/kmsg:/dev/kmsg:r" in exporter) is reads_kmsg
     # the users the role gives the exporter's and the proxy's folders are the ones they run as
     users = library.exporter_users(settings)
-    assert users["exporter"] == (0 if reads_kmsg else 65534)
+    assert users == {"exporter": 0 if reads_kmsg else 60582, "proxy": 60583}
     for args, uid in ((exporter, users["exporter"]), (proxy, users["proxy"])):
         assert args[args.index("--user") + 1] == f"{uid}:{uid}"
+    # the exporter reaches the proxy's socket through the proxy's group, as root or as its own user
+    assert exporter[exporter.index("--group-add") + 1] == "60583"
 
 
 def test_the_monitoring_set_holds_each_monitoring_hosts_addresses_merged():

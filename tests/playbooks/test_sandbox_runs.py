@@ -165,6 +165,8 @@ def test_check_then_apply_then_nothing_to_change(sandbox, cluster, tmp_path):
 
 
 SERVER_UID = 10001     # the sm_121 image's user (dsaops/targets.toml image_uid)
+MONITORING = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())   # the role's defaults
+NOBODY = 65534         # many host daemons' user: no secret may be its
 # Where each secret may be, under a node's root prefix: nowhere else on the nodes.
 SECRET_FILES = {"etc/dsaops/sglang-secrets.yaml", "etc/dsaops/api-key", "etc/dsaops/hf-token",
                 "etc/dsaops/exporter/api-key", "etc/dsaops/exporter/token", "etc/dsaops/grafana/admin-password",
@@ -184,7 +186,7 @@ def secrets_stay_in_their_files(roots, inventory, token, command_lines):
     assert len(key) == len(admin) == len(scrape) == 40 and len(grafana) == 24 and len({key, admin, grafana, scrape}) == 4
     # Prometheus' copy, its user's alone, beside the prometheus.yml that names it
     prom_token = roots["mon"] / "etc/dsaops/prometheus/exporter-token"
-    assert (prom_token.stat().st_uid, prom_token.stat().st_mode & 0o777) == (65534, 0o400)
+    assert (prom_token.stat().st_uid, prom_token.stat().st_mode & 0o777) == (MONITORING["monitoring_prometheus_uid"], 0o400)
     assert prom_token.read_text().strip() == scrape
 
     for node in ("node1", "node2"):
@@ -215,6 +217,7 @@ def secrets_stay_in_their_files(roots, inventory, token, command_lines):
                 data = path.read_bytes()
                 holds = [s for s in (key, admin, grafana, token, scrape) if s.encode() in data]
                 assert not holds or str(path.relative_to(root)) in SECRET_FILES, (node, path)
+                assert not holds or NOBODY not in (path.stat().st_uid, path.stat().st_gid), (node, path)
     leaked = [line for line in command_lines if any(s.encode() in line for s in (key, admin, grafana, token, scrape))]
     assert not leaked, leaked
     return SimpleNamespace(dir=folder, files=files, key=key, admin=admin, grafana=grafana)
@@ -241,12 +244,24 @@ def odd_values_reach_docker_as_they_are(sandbox, roots):
 
 
 def monitoring_runs_as_its_own_users(roots, secrets):
-    """Prometheus and Alertmanager as nobody, Grafana as grafana: their folders and files are theirs; Grafana's
-    admin password is the generated one, in a file only Grafana's user reads (the containers: test_static)."""
+    """Prometheus, Alertmanager and Grafana each as its own user, which no host account has (nobody, whom many
+    daemons share, was the first two's): their folders and files are theirs, user and group; Grafana's admin
+    password is the generated one, in a file only Grafana's user reads (the containers: test_static). On the
+    nodes the Docker proxy's socket folder is its user's, and the exporter (uid 0 for /dev/kmsg) is in its group."""
     mon = roots["mon"]
-    assert (mon / "var/lib/dsaops/prometheus").stat().st_uid == 65534
-    assert (mon / "var/lib/dsaops/alertmanager").stat().st_uid == 65534
-    assert (mon / "etc/dsaops/alertmanager/alertmanager.yml").stat().st_uid == 65534
+    prometheus, alertmanager = MONITORING["monitoring_prometheus_uid"], MONITORING["monitoring_alertmanager_uid"]
+    for path, uid in (("var/lib/dsaops/prometheus", prometheus), ("etc/dsaops/prometheus/exporter-token", prometheus),
+                      ("var/lib/dsaops/alertmanager", alertmanager), ("etc/dsaops/alertmanager/alertmanager.yml", alertmanager),
+                      ("etc/dsaops/grafana/admin-password", 472)):
+        assert ((mon / path).stat().st_uid, (mon / path).stat().st_gid) == (uid, uid), path
+    proxy = MONITORING["monitoring_docker_proxy_uid"]
+    assert NOBODY not in (prometheus, alertmanager, proxy) and len({prometheus, alertmanager, proxy, 472}) == 4
+    for node in ("node1", "node2"):
+        run_dir = (roots[node] / "run/dsaops").stat()
+        assert (run_dir.st_uid, run_dir.st_gid, run_dir.st_mode & 0o777) == (proxy, proxy, 0o750)
+        runs = [line for line in (roots[node] / "usr/local/bin/dsaops-exporter").read_text().splitlines()
+                if line.startswith("docker run")]
+        assert f"--user {proxy}:{proxy} " in runs[0] and f"--user 0:0 --group-add {proxy} " in runs[1]
     password = mon / "etc/dsaops/grafana/admin-password"
     assert (password.stat().st_uid, password.stat().st_mode & 0o777) == (472, 0o400)
     assert password.read_text() == secrets.grafana != "admin"

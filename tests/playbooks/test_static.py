@@ -1,10 +1,12 @@
 """Playbooks without hosts: lint, syntax, `dsaops deploy --print-commands`, the plan check,
 and the server flags pinned to the pinned SGLang's own argument definitions."""
 import contextlib
+import grp
 import hashlib
 import http.server
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -19,12 +21,13 @@ import yaml
 from dsaops import pins, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
-from dsaops.inventory_checks import refusal
+from dsaops.inventory_checks import UIDS, refusal
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, fake_kernel, recap
 from tests.support.sglang_definitions import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
+MONITORING = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())   # the role's defaults
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOKS.parent / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
@@ -557,6 +560,12 @@ def test_deploy_refuses_what_the_playbook_refuses_in_one_line_before_ansible_run
     ("dsaops_mem_fraction_static", 1.5, "h20-1: dsaops_mem_fraction_static=1.5 is refused: it must be a fraction"),
     ("dsaops_server_port", "08000", ("h20-1: dsaops_server_port='08000' is refused: it must be a TCP port, "
                                      "1 to 65535, without leading zeros")),
+    ("monitoring_alertmanager_uid", 0, ("h20-1: monitoring_alertmanager_uid=0 is refused: it must be a whole number "
+                                        "from 1 to 65533")),
+    # the role's default for Prometheus: the deploy's check sees the defaults too
+    ("monitoring_exporter_uid", MONITORING["monitoring_prometheus_uid"],
+     (f"h20-1: monitoring_prometheus_uid and monitoring_exporter_uid share uid {MONITORING['monitoring_prometheus_uid']}: "
+      "give each container a uid of its own.")),
 ])
 def test_a_refused_inventory_value_is_one_line_and_exit_2(tmp_path, name, value, line):
     """It used to run the playbook, which stopped with one line per host and a summary, exit 1."""
@@ -567,6 +576,21 @@ def test_a_refused_inventory_value_is_one_line_and_exit_2(tmp_path, name, value,
     result = print_commands(str(inventory))
     assert result.returncode == 2 and result.stderr.startswith(f"dsaops deploy: {line}"), result.stderr
     assert result.stderr.count("\n") == 1 and result.stdout == ""
+
+
+def test_a_uid_another_containers_default_has_stops_the_playbook_before_anything_renders(tmp_path):
+    """The playbook run without `dsaops deploy` (check-inventory.yml sees the inventory's values, not the monitoring
+    role's defaults): check-cluster.yml refuses it with the role's defaults, before anything renders."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shared = MONITORING["monitoring_alertmanager_uid"]
+    result = _run(str(BIN / "ansible-playbook"), "-i", str(PLAYBOOKS / "inventories/h20-8gpu.yml"),
+                  str(PLAYBOOKS / "print-commands.yml"), "-e", f"sglang_server_print_dir={out}",
+                  "-e", f"monitoring_docker_proxy_uid={shared}")
+    assert result.returncode != 0 and "Refuse the monitoring role's values" in result.stdout, result.stdout[-3000:]
+    assert (f"monitoring_alertmanager_uid and monitoring_docker_proxy_uid share uid {shared}: give each container a "
+            "uid of its own.") in result.stdout
+    assert list(out.iterdir()) == []
 
 
 def test_the_inventory_check_takes_extra_vars_templates_vaults_and_the_limit(tmp_path):
@@ -692,7 +716,7 @@ def test_the_monitoring_stack_runs_as_its_images_users_with_a_password_file():
         args = containers[name]
         user = args[args.index("--user") + 1]
         assert user == f"{{{{ monitoring_{uid}_uid }}}}:{{{{ monitoring_{uid}_uid }}}}", user
-        assert defaults[f"monitoring_{uid}_uid"] != 0
+        assert defaults[f"monitoring_{uid}_uid"] not in (0, 65534)     # neither root nor nobody
     grafana = containers["dsaops-grafana"]
     assert "GF_SECURITY_ADMIN_PASSWORD__FILE=/run/secrets/grafana-admin-password" in grafana
     assert not any(a.startswith("GF_SECURITY_ADMIN_PASSWORD=") for a in grafana)
@@ -849,7 +873,9 @@ def test_the_scrape_token_reaches_the_exporter_and_prometheus_only(tmp_path):
         (tmp_path / host).mkdir()
     monitoring_role(tmp_path / "node", monitoring_exporter_kmsg=False, dsaops_exporter_token=SCRAPE_TOKEN)
     token = tmp_path / "node/root/etc/dsaops/exporter/token"
-    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid) == (SCRAPE_TOKEN + "\n", 0o400, 65534)
+    exporter_uid = MONITORING["monitoring_exporter_uid"]
+    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (
+        SCRAPE_TOKEN + "\n", 0o400, exporter_uid, exporter_uid)
     script = (tmp_path / "node/root/usr/local/bin/dsaops-exporter").read_text()
     proxy, exporter = (line for line in script.splitlines() if line.startswith("docker run"))
     assert "token" not in proxy and SCRAPE_TOKEN not in script
@@ -862,11 +888,51 @@ def test_the_scrape_token_reaches_the_exporter_and_prometheus_only(tmp_path):
                   ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))})
     prometheus = tmp_path / "mon/root/etc/dsaops/prometheus"
     token = prometheus / "exporter-token"
-    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid) == (SCRAPE_TOKEN + "\n", 0o400, 65534)
+    prometheus_uid = MONITORING["monitoring_prometheus_uid"]
+    assert (token.read_text(), token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (
+        SCRAPE_TOKEN + "\n", 0o400, prometheus_uid, prometheus_uid)
     jobs = yaml.safe_load((prometheus / "prometheus.yml").read_text())["scrape_configs"]
     assert [job.get("authorization") for job in jobs] == [{"type": "Bearer", "credentials_file": "exporter-token"}, None]
     assert SCRAPE_TOKEN not in (prometheus / "prometheus.yml").read_text()
 
+
+
+STACK = {f"monitoring_{what}": str(REPO / "healthchecks" / path) for what, path in (
+    ("rules_glob", "rules/*.yml"), ("dashboards_glob", "dashboards/*.json"),
+    ("dashboard_provider", "dashboards/provisioning/dashboards.yml"))}
+
+
+def test_a_uid_a_host_account_has_stops_the_role_before_anything_is_written(tmp_path):
+    """A host user with the exporter's uid, or a group with Prometheus' gid, could read the files given to that
+    container: the role stops naming the variable, nothing written; a number no account has passes and owns
+    them. The accounts are this machine's own (a root prefix moves files, not accounts): none is created here."""
+    users, groups = pwd.getpwall(), grp.getgrall()
+    user = next((u for u in users if 1 <= u.pw_uid <= 65533), None)
+    group = next((g for g in groups if 1 <= g.gr_gid <= 65533 and g.gr_gid not in {u.pw_uid for u in users}), None)
+    if user is None or group is None:
+        pytest.skip("needs a user, and a group of a number no user has, between 1 and 65533 on this machine")
+    taken = {u.pw_uid for u in users} | {g.gr_gid for g in groups} | {MONITORING[n] for n in UIDS}
+    free = next(n for n in range(60600, 61184) if n not in taken)
+    for what in ("node", "mon", "free"):
+        (tmp_path / what).mkdir()
+
+    refused = monitoring_role(tmp_path / "node", fails=True, monitoring_exporter_kmsg=False,
+                              monitoring_exporter_uid=user.pw_uid)
+    assert (f"here: monitoring_exporter_uid={user.pw_uid} is user {user.pw_name}'s uid on this host, which could read "
+            "that container's files; set monitoring_exporter_uid to a number no user or group here has") in \
+        " ".join(refused.stdout.split())
+    refused = role_here(tmp_path / "mon", "monitoring", tasks_from="stack", fails=True, monitoring_start="no",
+                        monitoring_prometheus_uid=group.gr_gid, **STACK)
+    assert (f"here: monitoring_prometheus_uid={group.gr_gid} is group {group.gr_name}'s gid on this host"
+            in " ".join(refused.stdout.split()))
+    assert not (tmp_path / "node/root").exists() and not (tmp_path / "mon/root").exists()
+
+    monitoring_role(tmp_path / "free", monitoring_exporter_kmsg=False, monitoring_exporter_uid=free)
+    for path in ("etc/dsaops/exporter/token", "etc/dsaops/exporter/api-key", "var/lib/dsaops/exporter"):
+        stat = (tmp_path / "free/root" / path).stat()
+        assert (stat.st_uid, stat.st_gid) == (free, free), path
+    run_dir = (tmp_path / "free/root/run/dsaops").stat()
+    assert (run_dir.st_uid, run_dir.st_gid) == (MONITORING["monitoring_docker_proxy_uid"],) * 2
 
 
 def test_alertmanagers_receivers_stay_out_of_the_runs_diff(tmp_path):

@@ -19,7 +19,7 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
   settings | dsaops_exporter_containers
       [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
   settings | dsaops_exporter_users
-      {exporter, proxy}: the uid each of those containers runs as (dsaops.healthchecks.deploy)
+      {exporter, proxy}: the uid (and gid) each of those containers runs as (dsaops.healthchecks.deploy)
   rule_files | dsaops_exporter_job
       the scrape job name the packaged alert rules select (dsaops.healthchecks.scrape)
   prefix | dsaops_checked_names
@@ -28,6 +28,8 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       one line per value that rule refuses, naming the variable (dsaops.inventory_checks)
   {what: port or ports} | dsaops_port_collisions
       one line per port two of one host's listeners share (dsaops.inventory_checks)
+  {variable: uid} | dsaops_taken_uids(passwd, group)
+      one line per uid a host account has, from `getent passwd` / `getent group` lines (dsaops.host_accounts)
   settings | dsaops_sglang_ports
       the ports SGLang opens for its own processes, which the network role fences (dsaops.sglang_ports)
   addresses | dsaops_nft_elements(what)
@@ -59,7 +61,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import fence, inventory_checks, plan_extras, sglang_ports, targets
+from dsaops import fence, host_accounts, inventory_checks, plan_extras, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -125,6 +127,7 @@ def image(target, *, registry=""):
 def _exporter(settings):
     return deploy.ExporterDeployment(**{**settings, "server_port": int(settings["server_port"]),
                                         "kmsg": _bool(settings["kmsg"]), "plan": settings.get("plan") or None,
+                                        "uid": int(settings["uid"]), "proxy_uid": int(settings["proxy_uid"]),
                                         "docker_gid": int(settings.get("docker_gid", 0))})
 
 
@@ -189,7 +192,7 @@ class FilterModule:
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
-                "dsaops_port_collisions": inventory_checks.port_collisions,
+                "dsaops_port_collisions": inventory_checks.port_collisions, "dsaops_taken_uids": host_accounts.taken,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
                 "dsaops_monitoring_sources": monitoring_sources, "dsaops_listen_address": listen_address,
                 "dsaops_probe_host": probe_host,
