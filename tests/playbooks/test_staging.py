@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -154,3 +156,38 @@ def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox
             "is installed there to download them") in text
     assert "set dsaops_model_path to that folder" in text and "dsaops_weights_stage: false" in text
     assert not (roots["node2"] / "var/lib/dsaops/models/GLM-5.3-Flash").exists()
+
+
+def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, tmp_path):
+    """node2's weights folder sits on a 1 MiB filesystem (a tmpfs in its sshd's mount namespace, where the copies
+    land): the run stops with both numbers before rsync writes a byte, and leaves no manifest there that would
+    say the copy is whole. With room made, the next run copies everything and writes the manifest last."""
+    write, roots = cluster
+    model = fake_checkpoint(roots["node1"] / "srv/models/tiny-glm")
+    inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": str(model)})
+    models = roots["node2"] / "var/lib/dsaops/models"
+    models.mkdir(parents=True)
+    manifest = roots["node2"] / "var/lib/dsaops/manifests/tiny-glm.json"
+
+    def on_node2(command: str) -> subprocess.CompletedProcess:   # its sshd's mount namespace holds the tmpfs
+        return sandbox.ssh("node2", command)
+
+    assert on_node2(f"mount -t tmpfs -o size=1m tmpfs {models}").returncode == 0
+    try:
+        full = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "weights")
+        text = " ".join(full.stdout.split())
+        assert full.returncode != 0
+        assert re.search(r"node2: the weights need 3\.\d\d MB more in /var/lib/dsaops/models/tiny-glm, whose "
+                         r"filesystem has 1\.00 MB free; nothing was copied\. Free that much there, or set "
+                         r"dsaops_weights_dir to a folder on a larger disk\.", text), text[-3000:]
+        assert on_node2(f"find {models} -type f").stdout == ""
+        assert not manifest.exists()
+
+        assert on_node2(f"mount -o remount,size=8m {models}").returncode == 0
+        _ok(sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "weights"))
+        listed = on_node2(f"cd {models}/tiny-glm && sha256sum {' '.join(SHARDS)}").stdout
+        assert all(f"{digest(model / name)}  {name}" in listed for name in SHARDS)
+        assert json.loads(manifest.read_text()) == json.loads(
+            (roots["node1"] / "var/lib/dsaops/manifests/tiny-glm.json").read_text())
+    finally:
+        on_node2(f"umount {models}")

@@ -3,7 +3,8 @@
 
 The Hugging Face index lists shards but carries no hashes, so the source node hashes every file
 once; a file whose size and modification time match the manifest's entry keeps its hash. A copy
-is checked by hashing every file it holds against the manifest (a bit flip keeps size and time).
+is checked by hashing every file it holds against the source's manifest (a bit flip keeps size and
+time); before it, the receiving node's free space is weighed against what the copy still lacks.
 """
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ short_description: Write a checkpoint folder's sha256 manifest, or check a copy 
 description:
   - C(write) hashes the files under I(path) (skipping hidden folders such as .cache) into I(manifest), reusing the
     hash of every file whose size and mtime are unchanged.
-  - C(check) hashes every file the manifest lists under I(path) and returns those missing or different.
+  - C(check) hashes every file the I(expected) manifest lists under I(path) and returns those missing or different.
+  - C(room) returns the bytes of the files the I(expected) manifest lists that I(path) lacks (missing, or of
+    another size) and the free bytes of I(path)'s filesystem (of its nearest existing folder when it is missing).
 options:
   path: {type: path, required: true, description: The checkpoint folder.}
-  manifest: {type: path, required: true, description: The manifest (JSON).}
-  mode: {type: str, choices: [write, check], default: check, description: What to do.}
+  manifest: {type: path, description: The manifest (JSON) C(write) writes.}
+  expected: {type: json, description: The source's manifest C(check) and C(room) compare against.}
+  mode: {type: str, choices: [write, check, room], default: check, description: What to do.}
   jobs: {type: int, default: 8, description: Files hashed at once.}
 """
 
@@ -77,10 +81,7 @@ def write(root: str, manifest: str, jobs: int) -> dict:
             "hashed": todo}
 
 
-def check(root: str, manifest: str, jobs: int) -> dict:
-    with open(manifest) as f:
-        files = json.load(f)["files"]
-
+def check(root: str, files: dict, jobs: int) -> dict:
     def bad(rel: str) -> str | None:
         path = os.path.join(root, rel)
         if not os.path.isfile(path):
@@ -95,17 +96,34 @@ def check(root: str, manifest: str, jobs: int) -> dict:
             "mismatched": sorted(rel for rel, v in verdicts.items() if v)}
 
 
+def room(root: str, files: dict) -> dict:
+    # rsync writes each file it copies whole beside the old one (or its partial) before the rename
+    lacking = sum(e["size"] for rel, e in files.items()
+                  if not os.path.isfile(path := os.path.join(root, rel)) or os.path.getsize(path) != e["size"])
+    existing = root
+    while not os.path.isdir(existing):     # --check: the folder is not made yet
+        existing = os.path.dirname(existing)
+    fs = os.statvfs(existing)
+    return {"changed": False, "needed": lacking, "free": fs.f_bavail * fs.f_frsize}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec={
-        "path": {"type": "path", "required": True}, "manifest": {"type": "path", "required": True},
-        "mode": {"type": "str", "choices": ["write", "check"], "default": "check"},
-        "jobs": {"type": "int", "default": 8}}, supports_check_mode=True)
+        "path": {"type": "path", "required": True}, "manifest": {"type": "path"}, "expected": {"type": "json"},
+        "mode": {"type": "str", "choices": ["write", "check", "room"], "default": "check"},
+        "jobs": {"type": "int", "default": 8}}, supports_check_mode=True,
+        required_if=[("mode", "write", ["manifest"]), ("mode", "check", ["expected"]), ("mode", "room", ["expected"])])
     p = module.params
+    if p["mode"] == "room":
+        module.exit_json(**room(p["path"], json.loads(p["expected"])["files"]))
     if not os.path.isdir(p["path"]):
         module.fail_json(msg=f"{p['path']} is not a folder")
     if p["mode"] == "write" and module.check_mode:
         module.exit_json(changed=not os.path.isfile(p["manifest"]), skipped_hashing=True)
-    result = (write if p["mode"] == "write" else check)(p["path"], p["manifest"], p["jobs"])
+    if p["mode"] == "write":
+        result = write(p["path"], p["manifest"], p["jobs"])
+    else:
+        result = check(p["path"], json.loads(p["expected"])["files"], p["jobs"])
     if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)
