@@ -33,14 +33,28 @@ def image_id(host: str) -> str:
     return out.stdout.decode().strip() if out.returncode == 0 else ""
 
 
-def make_image(host: str, content: bytes) -> str:
-    """A one-file image under the serving image's name (what `make image` would have tagged)."""
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        info = tarfile.TarInfo("etc/dsaops-image")
-        info.size = len(content)
-        tar.addfile(info, io.BytesIO(content))
-    docker(host, "import", "-", IMAGE, stdin=data.getvalue())
+def engine_arch(host: str) -> str:
+    return docker(host, "version", "--format", "{{.Server.Arch}}").stdout.decode().strip()
+
+
+def make_image(host: str, content: bytes, arch: str | None = None) -> str:
+    """A one-file image under the serving image's name (what `make image` would have tagged), built for `arch`
+    (default: the engine's own), loaded as `docker save` writes it (Debian's `docker import` ignores --platform)."""
+    def tar(files: dict[str, bytes]) -> bytes:
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w") as archive:
+            for name, body in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(body)
+                archive.addfile(info, io.BytesIO(body))
+        return data.getvalue()
+
+    layer = tar({"etc/dsaops-image": content})
+    config = {"architecture": arch or engine_arch(host), "os": "linux", "config": {},
+              "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]}}
+    manifest = [{"Config": "config.json", "RepoTags": [IMAGE], "Layers": ["layer.tar"]}]
+    docker(host, "load", stdin=tar({"layer.tar": layer, "config.json": json.dumps(config).encode(),
+                                    "manifest.json": json.dumps(manifest).encode()}))
     return image_id(host)
 
 
@@ -143,6 +157,31 @@ def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(s
                               "--tags", "image", env=controller)
     assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2"))
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
+
+
+def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_one(sandbox, cluster, node_engines,
+                                                                                    dockerd, tmp_path):
+    """The nodes hold the serving image; the controller holds one under the same name built for the other CPU (as
+    sm_121's stand-in build on an amd64 workstation is). docker load would take it without a word and the server
+    would fail at its start, so the run stops naming both architectures, and the nodes keep their image."""
+    write, _ = cluster
+    forget_image(*node_engines.values(), dockerd["DOCKER_HOST"])
+    served = make_image(node_engines["node1"], b"built on node1\n")
+    docker(node_engines["node2"], "load", stdin=docker(node_engines["node1"], "save", IMAGE).stdout)
+    arch = engine_arch(node_engines["node1"])
+    other = {"amd64": "arm64", "arm64": "amd64"}[arch]
+    foreign = make_image(dockerd["DOCKER_HOST"], b"built for the other CPU\n", other)
+    inventory = write(cluster_vars={"dsaops_stage": True}, node1={"dsaops_docker_host": node_engines["node1"]},
+                      node2={"dsaops_docker_host": node_engines["node2"]})
+
+    stopped = sandbox.playbook(inventory, tmp_path / "run", "--tags", "image", env={"DOCKER_HOST": dockerd["DOCKER_HOST"]})
+    text = " ".join(stopped.stdout.split())
+    assert stopped.returncode != 0
+    for node in ("node1", "node2"):
+        assert (f"{node}: {IMAGE} ({foreign[:19]} on this controller) is built for {other}, but the node's Docker runs "
+                f"{arch}: loaded there, the server would not start (exec format error). Build it for {arch} "
+                f"(`make image ARCH=sm_121` on an {arch} host) and remove the other one from this controller") in text
+    assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == served
 
 
 def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox, cluster, tmp_path):
