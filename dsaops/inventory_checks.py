@@ -228,7 +228,7 @@ VARIABLES: dict[str, str] = {
     "monitoring_alert_webhook_url": "url", "monitoring_datasource_uid": "name",
     "monitoring_grafana_admin_password": "secret", "monitoring_start": "monitoring_start",
     "monitoring_prometheus_uid": "uid", "monitoring_alertmanager_uid": "uid", "monitoring_grafana_uid": "uid",
-    "monitoring_exporter_uid": "uid", "monitoring_docker_proxy_uid": "uid",
+    "monitoring_exporter_uid": "uid", "monitoring_docker_proxy_uid": "uid", "image_source": "host",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
     "weights_hf_token": "token", "weights_hf_token_file": "path", "host_memory_sysctl_file": "path",

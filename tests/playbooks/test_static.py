@@ -425,6 +425,19 @@ def test_a_weights_source_outside_the_cluster_is_refused_without_hosts():
                           "dsaops_weights_stage=false").returncode == 0
 
 
+def test_an_image_source_outside_the_cluster_is_refused_without_hosts():
+    """The image role read it only after host_memory, network and transfer had changed the nodes (and, with a
+    registry, every node had pulled), then said the image was 'on no node named by image_source'."""
+    result = print_commands("dgx-spark-2x", "-e", "image_source=spark-3")
+    assert result.returncode != 0
+    assert ("image_source spark-3 is not auto, controller or a node of dsaops_cluster (spark-1, spark-2); name the "
+            "node that holds the image, or leave it auto.") in " ".join(result.stderr.split())
+    spaced = print_commands("dgx-spark-2x", "-e", '{"image_source": "spark 2"}')
+    assert spaced.returncode == 2 and "image_source='spark 2' is refused: it must be a host name" in spaced.stderr
+    assert print_commands("dgx-spark-2x", "-e", "image_source=spark-2").returncode == 0
+    assert print_commands("dgx-spark-2x", "-e", "image_source=controller").returncode == 0
+
+
 def test_two_nodes_on_one_cluster_address_are_refused(tmp_path):
     path = tmp_path / "one-address.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
