@@ -96,6 +96,12 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
                       node2={"dsaops_docker_host": node_engines["node2"]})
     controller = {"DOCKER_HOST": dockerd["DOCKER_HOST"]}
     copy = roots["node2"] / "var/lib/dsaops/models/tiny-glm"
+    # node2 authorizes an admin's key of its own, and the key of a node9 an earlier inventory held
+    authorized = roots["node2"] / "root/.ssh/authorized_keys"
+    authorized.parent.mkdir(parents=True)
+    admin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAdminKeyOfTheNode admin@workstation"
+    authorized.write_text(f'{admin}\nfrom="10.0.0.99",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGone dsaops '
+                          'transfer from node9\n')
 
     checked = sandbox.playbook(inventory, tmp_path / "run-check", "--tags", "image,weights", "--check", env=controller)
     _ok(checked)
@@ -111,9 +117,10 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     assert all(digest(copy / name) == digest(model / name) for name in SHARDS)
     log = roots["node1"] / "var/log/dsaops/weights-to-node2.log"
     assert "Number of regular files transferred: 4" in log.read_text()
-    keys = (roots["node2"] / "root/.ssh/authorized_keys").read_text()
+    keys = authorized.read_text()
     assert f'from="{sandbox.hosts["node1"]["address"]}",restrict ssh-ed25519 ' in keys
     assert keys.rstrip().endswith("dsaops transfer from node1")
+    assert keys.splitlines()[0] == admin and "node9" not in keys          # the node gone from the inventory
 
     again = sandbox.playbook(inventory, tmp_path / "run-2", "--tags", "image,weights", env=controller)
     assert all(host["changed"] == 0 for host in _ok(again).values()), recap(again.stdout)
