@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -229,7 +230,17 @@ def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, t
         assert on_node2(f"find {models} -type f").stdout == ""
         assert not manifest.exists()
 
-        assert on_node2(f"mount -o remount,size=8m {models}").returncode == 0
+        # Room, but read-only: rsync's own reason, which went only to its log, is in `dsaops deploy`'s failure line.
+        assert on_node2(f"mount -o remount,ro,size=8m {models}").returncode == 0
+        stopped = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory), "--tags", "weights"],
+                              tmp_path / "run-ro")
+        failed = [line for line in stopped.stderr.splitlines() if "FAILED" in line]
+        assert stopped.returncode == 1 and len(failed) == 1, stopped.stderr[-3000:]
+        assert "node2: The copy went through: node2: rsync from node1 stopped (exit 23): rsync: [" in failed[0]
+        assert "Read-only file system (30)" in failed[0] and "weights-to-node2.log on node1" in failed[0]
+        assert not manifest.exists()
+
+        assert on_node2(f"mount -o remount,rw {models}").returncode == 0
         _ok(sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "weights"))
         listed = on_node2(f"cd {models}/tiny-glm && sha256sum {' '.join(SHARDS)}").stdout
         assert all(f"{digest(model / name)}  {name}" in listed for name in SHARDS)
