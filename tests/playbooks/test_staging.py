@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dsaops.image import image_name
 from tests.playbooks.ansible_sandbox import recap
@@ -164,6 +165,22 @@ def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(s
     copied = sandbox.playbook(write(cluster_vars={"dsaops_stage": True}, **engines), tmp_path / "run-controller",
                               "--tags", "image", env=controller)
     assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2"))
+    assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
+
+    # Ansible's way in given by the ssh aliases and ansible.cfg's key (its ANSIBLE_PRIVATE_KEY_FILE): the copy's own
+    # ssh takes them too (without them it offers no key the nodes accept, and the copy fails)
+    forget_image(*node_engines.values())
+    aliased = write(cluster_vars={"dsaops_stage": True}, **engines)
+    inventory = yaml.safe_load(aliased.read_text())
+    key = None
+    for group in inventory["all"]["children"]["dsaops_cluster"]["children"].values():
+        for host in group["hosts"].values():
+            key = host.pop("ansible_ssh_private_key_file")
+            host["ansible_ssh_user"], host["ansible_ssh_host"] = host.pop("ansible_user"), host.pop("ansible_host")
+    aliased.write_text(yaml.safe_dump(inventory))
+    copied = sandbox.playbook(aliased, tmp_path / "run-aliases", "--tags", "image",
+                              env=controller | {"ANSIBLE_PRIVATE_KEY_FILE": key})
+    assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2")), copied.stdout[-3000:]
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
 
 
