@@ -276,10 +276,9 @@ def refusal(name: str, value) -> str | None:
 
 def refusals(values: Mapping[str, object]) -> list[str]:
     """One line per refused value, in the table's order, then one per uid two of the containers' users share."""
-    lines = [line for name in (*VARIABLES, *VALUES, *RENAMED)
-             if name in values and (line := refusal(name, values[name])) is not None]
-    return lines + _shared_uids({name: values[name] for name in UIDS
-                                if values.get(name) is not None and refusal(name, values[name]) is None})
+    verdicts = {name: refusal(name, values[name]) for name in (*VARIABLES, *VALUES, *RENAMED) if name in values}
+    return [line for line in verdicts.values() if line is not None] + _shared_uids(
+        {name: values[name] for name in UIDS if name in verdicts and verdicts[name] is None and values[name] is not None})
 
 
 def _shared_uids(uids: Mapping[str, object]) -> list[str]:
