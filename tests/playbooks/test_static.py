@@ -368,6 +368,32 @@ def test_preflight_refuses_a_target_the_gpus_contradict(tmp_path):
     assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in " ".join(refused.stdout.split())
 
 
+@pytest.mark.parametrize("cluster_vars, says", [
+    ({"dsaops_tp_size": 2, "dsaops_gpus_per_node": 2},
+     ("here: has 1 GPU(s), but SGLang starts 2 scheduler ranks there, a GPU each: dsaops_tp_size 2 over 1 node(s). "
+      "Set dsaops_tp_size and dsaops_gpus_per_node to the GPUs the nodes have.")),
+    ({"sglang_server_extra_args": ["--data-parallel-size", "2"]},
+     ("here: has 1 GPU(s), but SGLang starts 2 scheduler ranks there, a GPU each: dsaops_tp_size 1 over 1 node(s), "
+      "times the replicas (--dp-size) and pipeline stages (--pp-size) of sglang_server_extra_args. Lower those, "
+      "or dsaops_tp_size and dsaops_gpus_per_node, to the GPUs the nodes have.")),
+    ({"sglang_server_extra_args": ["--pp-size", "0"]},
+     "here: sglang_server_extra_args: --pp-size must be >= 1, got 0; fix the value or drop the flag"),
+])
+def test_preflight_counts_a_gpu_for_each_rank_the_server_starts(tmp_path, cluster_vars, says):
+    """SGLang starts a scheduler rank a GPU for each TP rank, data-parallel replica and pipeline stage (dsaops.node_ranks,
+    as the image's health check counts them); a node with fewer GPUs stops in preflight, not at the server's start."""
+    refused = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", **cluster_vars)
+    assert refused.returncode != 0
+    assert says in " ".join(refused.stdout.split()), refused.stdout[-3000:]
+
+
+def test_preflight_takes_extra_arguments_that_start_a_rank_a_gpu(tmp_path):
+    """The negative control of the refusals above: one replica on the one GPU, attention DP adding none."""
+    taken = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10",
+                    sglang_server_extra_args=["--dp-size", "1", "--pp-size=1"])
+    assert taken.returncode == 0, taken.stdout[-3000:]
+
+
 def test_preflight_leaves_the_exporters_port_to_its_own_container(tmp_path):
     """The server died, its exporter's container still serves: a re-run may start the server again, but a port
     anything else holds still stops it."""

@@ -14,6 +14,9 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
   preflight_cluster | dsaops_plan(target=, nodes=, extras=)
       {"plan": the `dsaops plan --json` object, "error": null}, or {"plan": null, "error": why}; the
       extras (dsaops_plan_extras' settings) win over the inventory's, as at launch
+  preflight_cluster | dsaops_node_ranks(nodes=, extra_args=)
+      {"ranks": the scheduler ranks, a GPU each, SGLang starts on one node with the inventory's
+      parallelism and the extra arguments (dsaops.node_ranks), "error": null}, or {"ranks": null, "error": why}
   dsaops_target | dsaops_image(registry=)
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
   settings | dsaops_exporter_containers
@@ -61,7 +64,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import fence, host_accounts, inventory_checks, plan_extras, sglang_ports, targets
+from dsaops import fence, host_accounts, inventory_checks, node_ranks, plan_extras, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -118,6 +121,16 @@ def plan(cluster, *, target, nodes, extras=None):
         return {"plan": make_plan(request).to_json(), "error": None}
     except UserError as e:
         return {"plan": None, "error": str(e)}
+
+
+def ranks(cluster, *, nodes, extra_args=()):
+    # the extras after the inventory's flags, as at launch: the last given wins
+    argv = ["--tp-size", str(cluster["tp_size"]), "--attn-dp-size", str(cluster["attn_dp_size"]), "--nnodes",
+            str(nodes), *(str(a) for a in extra_args)]
+    try:
+        return {"ranks": node_ranks.ranks_per_node(argv), "error": None}
+    except node_ranks.BadArguments as e:
+        return {"ranks": None, "error": f"sglang_server_extra_args: {e}; fix the value or drop the flag"}
 
 
 def image(target, *, registry=""):
@@ -188,7 +201,8 @@ def scrape_host(listen_host, node_address, what):
 
 class FilterModule:
     def filters(self):
-        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_plan_extras": extras, "dsaops_image": image,
+        return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_plan_extras": extras,
+                "dsaops_node_ranks": ranks, "dsaops_image": image,
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
