@@ -4,8 +4,9 @@ The playbooks launch SGLang with sglang_server_extra_args after the flags dsaops
 win (dsaops.launch_args), and with sglang_server_extra_env in its environment; the preflight plans
 with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
 defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
-that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices;
-flags the planner does not model are left to SGLang. A flag dsaops writes from an inventory variable is
+that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices,
+and a prefix of such an option too short to name it alone is refused, as SGLang refuses it; other
+flags are left to SGLang. A flag dsaops writes from an inventory variable is
 refused: other roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
 """
 from __future__ import annotations
@@ -100,8 +101,14 @@ def read(args, env=None) -> dict[str, object]:
         if word == "--":           # argparse reads no flag after it
             break
         name, eq, text = word.partition("=")
-        flag = _flag(name) if _is_flag(word) and name.startswith("--") else None
+        if not (_is_flag(word) and name.startswith("--")):
+            continue
+        flag = _flag(name)
         if flag is None:
+            longer = [spelling for spelling in FLAGS if spelling.startswith(name)]
+            if longer:  # shorter than the least prefix of each: shared with another flag
+                raise UserError(f"sglang_server_extra_args: SGLang refuses {name} as ambiguous (it starts {longer[0]} "
+                                "and other flags' names); write the whole flag")
             continue
         if flag in OWNED:
             raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "

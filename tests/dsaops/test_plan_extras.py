@@ -108,16 +108,27 @@ def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
 @pytest.mark.parametrize("argv", [
     ["--trust-remote-code", "--chat-template", "x.jinja"],
     ["--enable-dp-attention-local-control-broadcast", "--model-impl", "x", "--ep-dispatch-algorithm", "x"],  # not OWNED's
-    ["--context", "8192"],     # SGLang refuses it as ambiguous (--context-length, --context-bucket, ...)
     ["--", "--context-length", "8192"],
+    ["--chat", "x", "--", "--context"],   # no planned flag starts --chat; nothing after -- is a flag
 ])
 def test_flags_the_planner_does_not_model_are_left_to_sglang(argv):
     assert plan_extras.read(argv) == {}
 
 
-def test_sglang_refuses_the_ambiguous_prefix_left_alone():
-    with pytest.raises(SystemExit):
-        _as_sglang(["--context", "8192"])
+def test_a_prefix_too_short_for_a_planned_flag_is_refused_as_sglang_refuses_it():
+    """Every prefix of a planned flag shorter than the least it is taken by: SGLang's argparse stops on it (shared
+    with another flag, exact flags aside), and so does the preflight, in one line; the least prefix is read."""
+    for flag, least in plan_extras.FLAGS.items():
+        for end in range(3, len(least)):
+            prefix = flag[:end]
+            if prefix in plan_extras.FLAGS:   # --model, --ep: exact flags of their own
+                continue
+            with pytest.raises(SystemExit):
+                _as_sglang([prefix, "1"])
+            with pytest.raises(UserError, match=f"^sglang_server_extra_args: SGLang refuses {prefix} as ambiguous "
+                                                r"\(it starts --[a-z-]+ and other flags' names\); write the whole flag$"):
+                plan_extras.read(["--trust-remote-code", f"{prefix}=1"])
+    assert plan_extras.read(["--context-l", "8192"]) == {"--context-length": 8192}
 
 
 def test_the_last_given_wins_and_maps_to_the_plan_request():
