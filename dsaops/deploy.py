@@ -24,6 +24,7 @@ from dsaops.plan_input import JSON_MOST_BYTES, read_text
 PLAYBOOKS = Path(__file__).resolve().parent.parent / "playbooks"
 INVENTORIES = PLAYBOOKS / "inventories"
 LISTING_TIMEOUT_S = 120  # a dynamic inventory may ask a cloud API; one that hangs must not hang the deploy
+FAILURE_LINES, FAILURE_LINE_CHARS = 3, 240  # of a failed command's output, on its failure line
 PHASES = ("preflight", "host_memory", "network", "image", "weights", "sglang_server", "health", "monitoring")
 
 
@@ -315,8 +316,8 @@ class Progress:
         elif kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
             res = data.get("res", {})
             # A looped task fails with "One or more items failed": the items carry the messages.
-            items = [r.get("msg") for r in res.get("results", []) if r.get("failed") and r.get("msg")]
-            message = " ".join(items) or res.get("msg") or res.get("stderr") or res
+            items = [failure(r) for r in res.get("results", []) if r.get("failed") and r.get("msg")]
+            message = " ".join(items) or failure(res) or res
             line = f"{data.get('host')}: {data.get('task')}: {message}"
             self.failures.append(line)
             print(f"   FAILED {line}", file=sys.stderr, flush=True)
@@ -325,6 +326,17 @@ class Progress:
             if changed or self.verbose:
                 print(f"   {'changed' if changed else 'ok':<8}{data.get('host')}: {data.get('task')}", flush=True)
         return True  # keep the event: the run's stats (the summary) are read back from the events
+
+
+def failure(res: dict) -> str:
+    """A failed task's message; for a command, its exit code and last lines of output, which say why where
+    Ansible's message says only "non-zero return code" (`docker load`'s no space left, `hf download`'s 401)."""
+    message = res.get("msg") or ""
+    output = (res.get("stderr") or res.get("stdout") or "").strip().splitlines()
+    if "rc" not in res or not output:
+        return message or res.get("stderr") or ""
+    said = " / ".join(line.strip()[:FAILURE_LINE_CHARS] for line in output[-FAILURE_LINES:])
+    return f"{message} (exit {res['rc']}): {said}"
 
 
 def print_summary(stats: dict, check: bool, hosts: set[str]) -> None:
