@@ -345,6 +345,22 @@ def test_gb10_prestart_drops_caches_when_memfree_is_low(sandbox, cluster, tmp_pa
     assert (roots["node2"] / "proc/sys/vm/drop_caches").read_text().strip() == "0"
 
 
+def test_a_cluster_shrunk_to_one_node_drops_the_other_nodes_transfer_key(sandbox, cluster, tmp_path):
+    """node1 authorized node2's transfer key when they were two; alone in the inventory, node1 keeps its admin's key
+    and makes no key of its own (no node to copy to), and node2's root login from its cluster address is gone. (Kept
+    while node2 is in the cluster: test_staging's two-node copy.)"""
+    write, roots = cluster
+    authorized = roots["node1"] / "root/.ssh/authorized_keys"
+    authorized.parent.mkdir(parents=True)
+    admin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAdminKeyOfTheNode admin@workstation"
+    node2 = f'from="{sandbox.hosts["node2"]["address"]}",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey dsaops transfer from node2'
+    authorized.write_text(f"{admin}\n{node2}\n")
+    staged = {"dsaops_tp_size": 1, "dsaops_stage": True, "dsaops_weights_stage": False}
+    one = _ok(sandbox.playbook(write(groups=ONE_NODE, cluster_vars=staged), tmp_path / "one", "--tags", "weights"))
+    assert one["node1"]["changed"] == 1 and authorized.read_text() == f"{admin}\n"
+    assert not (roots["node1"] / "etc/dsaops/transfer").exists()
+
+
 def test_taken_port_stops_before_any_change(sandbox, cluster, tmp_path):
     write, _ = cluster
     before = snapshot(tmp_path / "roots")
