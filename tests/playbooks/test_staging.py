@@ -4,14 +4,17 @@ copies over the sandbox's cluster link with the keys the transfer role sets up.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ import yaml
 
 from dsaops.image import image_name
 from tests.playbooks.ansible_sandbox import recap
+from tests.support.dockerd import running
+from tests.support.prerequisites import need
 
 pytestmark = pytest.mark.timeout(900)
 IMAGE = image_name("sm_121")
@@ -39,9 +44,10 @@ def engine_arch(host: str) -> str:
     return docker(host, "version", "--format", "{{.Server.Arch}}").stdout.decode().strip()
 
 
-def make_image(host: str, content: bytes, arch: str | None = None) -> str:
-    """A one-file image under the serving image's name (what `make image` would have tagged), built for `arch`
-    (default: the engine's own), loaded as `docker save` writes it (Debian's `docker import` ignores --platform)."""
+def make_image(host: str, *layers: bytes, arch: str | None = None) -> str:
+    """An image of one file per layer under the serving image's name (what `make image` would have tagged), built for
+    `arch` (default: the engine's own), with a history entry per layer as a build writes them, loaded as `docker save`
+    writes it (Debian's `docker import` ignores --platform)."""
     def tar(files: dict[str, bytes]) -> bytes:
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w") as archive:
@@ -51,11 +57,13 @@ def make_image(host: str, content: bytes, arch: str | None = None) -> str:
                 archive.addfile(info, io.BytesIO(body))
         return data.getvalue()
 
-    layer = tar({"etc/dsaops-image": content})
+    tars = [tar({f"etc/dsaops-image-{i}": content}) for i, content in enumerate(layers)]
     config = {"architecture": arch or engine_arch(host), "os": "linux", "config": {},
-              "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]}}
-    manifest = [{"Config": "config.json", "RepoTags": [IMAGE], "Layers": ["layer.tar"]}]
-    docker(host, "load", stdin=tar({"layer.tar": layer, "config.json": json.dumps(config).encode(),
+              "history": [{"created_by": f"layer {i}"} for i in range(len(tars))],
+              "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in tars]}}
+    files = {f"layer-{i}.tar": t for i, t in enumerate(tars)}
+    manifest = [{"Config": "config.json", "RepoTags": [IMAGE], "Layers": list(files)}]
+    docker(host, "load", stdin=tar({**files, "config.json": json.dumps(config).encode(),
                                     "manifest.json": json.dumps(manifest).encode()}))
     return image_id(host)
 
@@ -63,6 +71,41 @@ def make_image(host: str, content: bytes, arch: str | None = None) -> str:
 def forget_image(*hosts: str) -> None:
     for host in hosts:
         docker(host, "rmi", "--force", IMAGE, check=False)
+
+
+@contextlib.contextmanager
+def engine_on_a_small_disk(sandbox, node: str, mib: int):
+    """A dockerd whose data root is on an ext4 filesystem of `mib` MiB, mounted twice: here, where dockerd runs, and in
+    sandbox host `node`'s mount namespace, where the role reads its free space (one filesystem: one free count).
+    Yields its DOCKER_HOST and the mount point."""
+    need(shutil.which("losetup") is not None and Path("/dev/loop-control").exists(),
+         "loop devices (losetup) for a small filesystem under a Docker data root")
+    with contextlib.ExitStack() as undo:
+        # short: dockerd's sockets under it take at most 107 bytes
+        folder = Path(tempfile.mkdtemp(prefix="dsaops-disk-"))
+        undo.callback(shutil.rmtree, folder, ignore_errors=True)
+        image, disk = folder / "disk.img", folder / "disk"
+        disk.mkdir()
+        with open(image, "wb") as f:
+            f.truncate(mib << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-m", "0", "-O", "^has_journal", str(image)], check=True)
+        loop = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        undo.callback(subprocess.run, ["losetup", "--detach", loop], check=False)
+        subprocess.run(["mount", loop, str(disk)], check=True)
+        undo.callback(subprocess.run, ["umount", str(disk)], check=False)
+        assert sandbox.ssh(node, f"mount {loop} {disk}").returncode == 0
+        undo.callback(sandbox.ssh, node, f"umount {disk}")
+        yield undo.enter_context(running(disk / "engine"))["DOCKER_HOST"], disk
+
+
+def leave_free(disk: Path, mib: int) -> None:
+    """A ballast file on `disk`'s filesystem that leaves about `mib` MiB free."""
+    ballast = disk / "ballast"
+    ballast.unlink(missing_ok=True)
+    fs = os.statvfs(disk)
+    with open(ballast, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, fs.f_bavail * fs.f_frsize - (mib << 20))
 
 
 def fake_checkpoint(folder: Path) -> Path:
@@ -195,7 +238,7 @@ def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_
     docker(node_engines["node2"], "load", stdin=docker(node_engines["node1"], "save", IMAGE).stdout)
     arch = engine_arch(node_engines["node1"])
     other = {"amd64": "arm64", "arm64": "amd64"}[arch]
-    foreign = make_image(dockerd["DOCKER_HOST"], b"built for the other CPU\n", other)
+    foreign = make_image(dockerd["DOCKER_HOST"], b"built for the other CPU\n", arch=other)
     inventory = write(cluster_vars={"dsaops_stage": True}, node1={"dsaops_docker_host": node_engines["node1"]},
                       node2={"dsaops_docker_host": node_engines["node2"]})
 
@@ -207,6 +250,43 @@ def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_
                 f"{arch}: loaded there, the server would not start (exec format error). Build it for {arch} "
                 f"(`make image ARCH=sm_121` on an {arch} host) and remove the other one from this controller") in text
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == served
+
+
+def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, cluster, node_engines, dockerd,
+                                                                       tmp_path):
+    """The controller holds the image; node1 lacks it; node2's Docker data root sits on a 96 MiB filesystem and holds an
+    older build: the same 16 MiB base layer, a top of its own. docker load spools the new build's whole archive (32 MiB)
+    under the data root before it extracts the top node2 lacks (16 MiB): 48 MiB. With 40 MiB free the run stops naming
+    both sizes, in --check too, before either node gets a copy (docker load itself fails there). With 56 MiB free, less
+    than twice the image, both get it."""
+    write, _ = cluster
+    controller = dockerd["DOCKER_HOST"]
+    forget_image(node_engines["node1"], controller)
+    base = os.urandom(16 << 20)
+    built = make_image(controller, base, os.urandom(16 << 20))
+    with engine_on_a_small_disk(sandbox, "node2", 96) as (engine, disk):
+        older = make_image(engine, base, b"an older build\n")
+        inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "controller"},
+                          node1={"dsaops_docker_host": node_engines["node1"]}, node2={"dsaops_docker_host": engine})
+        leave_free(disk, 40)
+        for run, args in (("run-check", ("--check",)), ("run-full", ())):
+            refused = sandbox.playbook(inventory, tmp_path / run, "--tags", "image", *args, env={"DOCKER_HOST": controller})
+            text = " ".join(refused.stdout.split())
+            assert refused.returncode != 0
+            assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 48\.00 MB under Docker's data "
+                             rf"root {disk}/engine/data \(its whole archive, then the layers the node lacks\), whose "
+                             r"filesystem has (39|40)\.\d\d MB free; nothing was copied to any node\. Free that much there",
+                             text), text[-3000:]
+            assert "`docker image prune`" in text and "move Docker's data-root" in text
+            assert (image_id(node_engines["node1"]), image_id(engine)) == ("", older)
+        loaded = docker(engine, "load", stdin=docker(controller, "save", IMAGE).stdout, check=False)
+        assert loaded.returncode != 0 and b"no space left on device" in loaded.stderr
+        assert image_id(engine) == older
+
+        leave_free(disk, 56)
+        copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image", env={"DOCKER_HOST": controller})
+        assert all(_ok(copied)[node]["changed"] > 0 for node in ("node1", "node2"))
+        assert image_id(node_engines["node1"]) == image_id(engine) == built
 
 
 def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox, cluster, tmp_path):

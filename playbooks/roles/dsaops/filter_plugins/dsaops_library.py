@@ -19,6 +19,10 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       parallelism and the extra arguments (dsaops.node_ranks), "error": null}, or {"ranks": null, "error": why}
   dsaops_target | dsaops_image(registry=)
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
+  image | dsaops_image_load_needs(history=, held=)
+      the bytes `docker load` of the image (`docker image inspect`'s object; `history`: its `docker history`
+      sizes) writes at its peak under the data root of an engine whose images have the layer lists `held`
+      (dsaops.image_load)
   settings | dsaops_exporter_containers
       [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
   settings | dsaops_exporter_users
@@ -64,7 +68,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import fence, host_accounts, inventory_checks, node_ranks, plan_extras, sglang_ports, targets
+from dsaops import fence, host_accounts, image_load, inventory_checks, node_ranks, plan_extras, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
@@ -137,6 +141,11 @@ def image(target, *, registry=""):
     return image_name(str(target), registry=str(registry or ""))
 
 
+def image_load_needs(image, *, history, held):
+    return image_load.load_needs(int(image["Size"]), [str(layer) for layer in image["RootFS"].get("Layers") or []],
+                                 [int(size) for size in history], [[str(layer) for layer in layers or []] for layers in held])
+
+
 def _exporter(settings):
     return deploy.ExporterDeployment(**{**settings, "server_port": int(settings["server_port"]),
                                         "kmsg": _bool(settings["kmsg"]), "plan": settings.get("plan") or None,
@@ -202,7 +211,7 @@ def scrape_host(listen_host, node_address, what):
 class FilterModule:
     def filters(self):
         return {"dsaops_sglang_args": sglang_args, "dsaops_plan": plan, "dsaops_plan_extras": extras,
-                "dsaops_node_ranks": ranks, "dsaops_image": image,
+                "dsaops_node_ranks": ranks, "dsaops_image": image, "dsaops_image_load_needs": image_load_needs,
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
                 "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
