@@ -30,7 +30,7 @@ class ClusterSpec:
     max_mamba_cache_size: int | None = None
     mamba_full_memory_ratio: float | None = None
     mamba_ssm_dtype: str = "float32"
-    speculative_num_draft_tokens: int | None = None   # MTP: NextN layers as the EAGLE draft
+    speculative_num_draft_tokens: int | None = None   # MTP: NextN layers as the EAGLE draft, a chain of N - 1 steps
     chunked_prefill_size: int | None = None  # most tokens one prefill chunk takes (the target's bound)
     served_model_name: str | None = None     # the model id clients see, when --model-path is a local folder
     enable_metrics: bool = False             # Prometheus /metrics on the server port
@@ -85,7 +85,10 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
     if spec.mm_feature_transport != "cpu":
         out += ["--mm-feature-transport", spec.mm_feature_transport]
     if spec.speculative_num_draft_tokens:
-        out += ["--speculative-algorithm", "EAGLE"]
+        # with the steps and top-k given: SGLang asserts that draft tokens come with them, and with top-k 1
+        # makes them steps + 1 (arg_groups/speculative_hook.py _handle_eagle_family)
+        out += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(spec.speculative_num_draft_tokens - 1),
+                "--speculative-eagle-topk", "1"]
     if spec.enable_metrics:
         out.append("--enable-metrics")
     if spec.nccl_port is not None:

@@ -64,7 +64,8 @@ def add_parser(sub) -> None:
     p.add_argument("--mm-feature-transport", choices=plan_input.MM_FEATURE_TRANSPORTS, default="cpu",
                    help="cuda_ipc reserves SGLang's GPU feature pool out of a multimodal model's KV budget "
                         "(one node only; SGLang refuses cuda_vmm for DSA models)")
-    p.add_argument("--speculative-num-draft-tokens", type=count, help="MTP (NextN) speculative decoding")
+    p.add_argument("--speculative-num-draft-tokens", type=whole_up_to(plan_input.INT_MOST, least=2),
+                   help="MTP (NextN) speculative decoding: the draft tokens a step, 2 or more (a chain of N - 1 draft steps)")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=run)
 

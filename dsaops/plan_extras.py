@@ -5,8 +5,8 @@ win (dsaops.launch_args), and with sglang_server_extra_env in its environment; t
 with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
 defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
 that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices,
-and a prefix of such an option too short to name it alone is refused, as SGLang refuses it; other
-flags are left to SGLang. A flag dsaops writes from an inventory variable is
+and a prefix of such an option too short to name it alone is refused, as SGLang refuses it; the
+speculative flags give the draft tokens SGLang runs with (draft_tokens); other flags are left to SGLang. A flag dsaops writes from an inventory variable is
 refused: other roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ FLAGS = {
     "--max-mamba-cache-size": "--max-m", "--mamba-ssm-dtype": "--mamba-s", "--mamba-full-memory-ratio": "--mamba-f",
     "--mamba-radix-cache-strategy": "--mamba-r", "--disable-radix-cache": "--disable-r",
     "--disable-overlap-schedule": "--disable-ov", "--mm-feature-transport": "--mm-f",
-    "--speculative-num-draft-tokens": "--speculative-num-d",
+    "--speculative-num-draft-tokens": "--speculative-num-d", "--speculative-algorithm": "--speculative-al",
+    "--speculative-num-steps": "--speculative-num-s", "--speculative-eagle-topk": "--speculative-ea",
     "--model-path": "--model-p", "--model": "--model", "--host": "--ho", "--port": "--po", "--ep-size": "--ep-s",
     "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--no",
     "--dist-init-addr": "--dist-i", "--nccl-init-addr": "--nccl-i", "--nccl-port": "--nccl-p",
@@ -49,6 +50,11 @@ OWNED = {
     "--dsa-decode-backend": "dsaops_dsa_decode_backend", "--mem-fraction-static": "dsaops_mem_fraction_static",
     "--max-running-requests": "dsaops_max_running_requests",
 }
+# Not `dsaops plan` options: with --speculative-num-draft-tokens they decide the draft tokens SGLang runs with
+# (arg_groups/speculative_hook.py), which the plan takes (draft_tokens); each read by its SGLang type
+SPECULATIVE = {"--speculative-algorithm": str.upper, "--speculative-num-steps": int, "--speculative-eagle-topk": int}
+MTP = ("EAGLE", "NEXTN")   # the model's NextN layers as the EAGLE draft (_resolve_speculative_algorithm_alias)
+AUTO_DRAFT_TOKENS = 4      # _auto_choose_speculative_params for every DSA model: 3 steps, top-k 1, 4 draft tokens
 # SGLang's environment switch (srt/environ.py, an EnvBool): the `dsaops plan` switch it amounts to
 ENV = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "--skip-decode-lock"}
 ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")   # EnvBool.parse, lowercased
@@ -91,12 +97,55 @@ def _value(action: argparse.Action, flag: str, text: str):
     return value
 
 
+def _speculative_value(flag: str, text: str):
+    try:
+        return SPECULATIVE[flag](text)
+    except ValueError:
+        raise UserError(f"sglang_server_extra_args: {flag} takes a whole number, got {shown(text)}; fix the value or "
+                        "drop the flag") from None
+
+
+def draft_tokens(speculative: dict[str, object], given: int | None) -> int | None:
+    """The draft tokens a step SGLang 0.5.23 runs with for the SPECULATIVE flags given and --speculative-num-draft-tokens
+    (`given`), as _handle_eagle_family resolves them for MTP; None without speculative decoding. UserError for
+    what SGLang stops on at startup, or a count only SGLang would know."""
+    algorithm = speculative.get("--speculative-algorithm")
+    steps, topk = speculative.get("--speculative-num-steps"), speculative.get("--speculative-eagle-topk")
+    if algorithm is None:
+        if given is not None:
+            raise UserError("sglang_server_extra_args: --speculative-num-draft-tokens without --speculative-algorithm "
+                            "starts no speculative decoding; add --speculative-algorithm NEXTN (MTP), or drop the flag")
+        return None
+    if algorithm not in MTP:   # DFLASH, NGRAM, ...: the count given, else one SGLang finds (a draft's config)
+        if given is None:
+            raise UserError(f"sglang_server_extra_args: --speculative-algorithm {shown(algorithm)} without "
+                            "--speculative-num-draft-tokens leaves the draft tokens to SGLang, and the plan sizes the "
+                            "mamba state's scratch by them; give the count (DFLASH: its block size)")
+        return given
+    if steps is None:      # SGLang then chooses all three, and asserts that none is given
+        if topk is not None or given is not None:
+            raise UserError("sglang_server_extra_args: --speculative-eagle-topk or --speculative-num-draft-tokens "
+                            "without --speculative-num-steps stops SGLang at startup; give --speculative-num-steps "
+                            "too, or none of the three")
+        return AUTO_DRAFT_TOKENS
+    if topk is None:       # compared with numbers before anything defaults it
+        raise UserError("sglang_server_extra_args: --speculative-num-steps without --speculative-eagle-topk stops "
+                        "SGLang at startup; give --speculative-eagle-topk (1: a chain of steps + 1 draft tokens)")
+    if topk == 1:          # SGLang sets the draft tokens to steps + 1, whatever was given
+        return steps + 1
+    if given is None:
+        raise UserError("sglang_server_extra_args: --speculative-eagle-topk above 1 needs --speculative-num-draft-tokens, "
+                        "the draft tree's tokens a step, which the plan sizes the draft's state by; give it")
+    return given
+
+
 def read(args, env=None) -> dict[str, object]:
     """{`dsaops plan` option or ENV name: value} for what `args` (sglang_server_extra_args) and `env`
     (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
     takes it; UserError in one line for a value SGLang or the planner would refuse, or an OWNED flag."""
     args = [str(a) for a in args]
     settings: dict[str, object] = {}
+    speculative: dict[str, object] = {}
     for at, word in enumerate(args):
         if word == "--":           # argparse reads no flag after it
             break
@@ -113,8 +162,8 @@ def read(args, env=None) -> dict[str, object]:
         if flag in OWNED:
             raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "
                             "too; set that in the inventory and drop the flag")
-        action = _plan_options()[flag]
-        if action.nargs == 0:      # a switch
+        action = _plan_options().get(flag)
+        if action is not None and action.nargs == 0:      # a switch
             if eq:
                 raise UserError(f"sglang_server_extra_args: {flag} is a switch and takes no value, got {word!r}; "
                                 f"write {flag} alone")
@@ -125,7 +174,14 @@ def read(args, env=None) -> dict[str, object]:
                 raise UserError(f"sglang_server_extra_args: {word} needs a value (SGLang refuses it without one); "
                                 "give one or drop the flag")
             text = args[at + 1]
-        settings[flag] = _value(action, flag, text)
+        if flag in SPECULATIVE:
+            speculative[flag] = _speculative_value(flag, text)
+        else:
+            settings[flag] = _value(action, flag, text)
+    if speculative or "--speculative-num-draft-tokens" in settings:
+        draft = draft_tokens(speculative, settings.pop("--speculative-num-draft-tokens", None))
+        if draft is not None:
+            settings["--speculative-num-draft-tokens"] = draft
     for name, value in (env or {}).items():
         if name in ENV:
             word = str(value).lower()   # as the server script renders it: True is 'True'

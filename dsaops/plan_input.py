@@ -30,6 +30,8 @@ MM_FEATURE_TRANSPORTS = ("cpu", "cuda_ipc")
 # whole numbers from 1; each may be None (not given) unless required
 _COUNTS = ("nodes", "gpus_per_node", "tp_size", "dp_size", "attn_dp_size", "context_length", "max_running_requests",
            "max_mamba_cache_size", "speculative_num_draft_tokens")
+# counts whose least is not 1: MTP drafts a chain of N - 1 steps
+_LEAST = {"speculative_num_draft_tokens": 2}
 # field: (largest value, unit); each above 0
 _AMOUNTS = {"gpu_memory_gib": (GIB_MOST, " GiB"), "free_memory_gib": (GIB_MOST, " GiB"),
             "weights_gib": (GIB_MOST, " GiB"), "mamba_full_memory_ratio": (RATIO_MOST, "")}
@@ -138,7 +140,7 @@ def check(req) -> None:
             raise UserError(f"{flag(field)} is a switch: true or false, not {shown(getattr(req, field))}")
     for field in _COUNTS:
         if (value := getattr(req, field)) is not None:
-            whole(value, flag(field))
+            whole(value, flag(field), least=_LEAST.get(field, 1))
     fraction = req.mem_fraction_static
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise UserError(f"--mem-fraction-static must be between 0 and 1 (SGLang's default is about 0.8-0.9), "

@@ -37,7 +37,8 @@ def test_every_setting_once_in_sglangs_spelling():
         "--kv-cache-dtype": "bfloat16", "--dsa-prefill-backend": "flashmla_sparse", "--dsa-decode-backend": "fa3",
         "--mem-fraction-static": "0.85", "--context-length": "32768", "--max-running-requests": "240",
         "--max-mamba-cache-size": "300", "--mamba-full-memory-ratio": "1", "--mamba-ssm-dtype": "bfloat16",
-        "--speculative-num-draft-tokens": "6", "--speculative-algorithm": "EAGLE", "--enable-metrics": None}
+        "--speculative-num-draft-tokens": "6", "--speculative-algorithm": "EAGLE", "--speculative-num-steps": "5",
+        "--speculative-eagle-topk": "1", "--enable-metrics": None}
 
 
 def test_numbers_keep_their_digits():

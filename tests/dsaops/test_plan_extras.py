@@ -2,6 +2,7 @@
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import warnings
 
@@ -38,7 +39,7 @@ def test_every_plan_option_sglang_takes_is_read_from_the_extra_arguments():
     `--model` is a preset to the planner, the model path to SGLang."""
     sglang = cli_flags()
     planned = {option for option in plan_extras._plan_options() if option in sglang} - {"--model"}
-    assert planned | set(plan_extras.OWNED) == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+    assert planned | set(plan_extras.OWNED) | set(plan_extras.SPECULATIVE) == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
 
 
 def test_every_flag_dsaops_writes_from_the_inventory_is_refused_in_the_extra_arguments():
@@ -74,9 +75,9 @@ def test_the_environment_switch_reads_as_sglangs_envbool():
     assert plan_extras.read([], {"SGLANG_OTHER": "1"}) == {}
 
 
-def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
-    """What argparse, holding every flag of the pinned SGLang (switches where the planner's are), gives the
-    planner's options for argv."""
+@functools.cache
+def _sglang_parser() -> argparse.ArgumentParser:
+    """argparse holding every flag of the pinned SGLang, switches where the planner's are."""
     parser = argparse.ArgumentParser(prog="sglang serve")
     aliases = cli_aliases()
     switches = {"--trust-remote-code", "--enable-dp-attention-local-control-broadcast"} | {f for f, a in plan_extras._plan_options().items() if a.nargs == 0}
@@ -84,16 +85,24 @@ def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
         if flag not in aliases:
             names = [flag, *(a for a, f in aliases.items() if f == flag)]
             parser.add_argument(*names, dest=flag, **({"action": "store_true"} if flag in switches else {}))
-    given = vars(parser.parse_args(argv))
-    return {flag: given[flag] for flag in set(plan_extras.FLAGS) - set(plan_extras.ALIASES) if given[flag]}
+    return parser
+
+
+def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
+    """What SGLang's argparse (_sglang_parser) gives the planner's options for argv."""
+    given = vars(_sglang_parser().parse_args(argv))
+    planned = set(plan_extras.FLAGS) - set(plan_extras.ALIASES) - set(plan_extras.SPECULATIVE)
+    return {flag: given[flag] for flag in planned if given[flag]}
 
 
 @pytest.mark.parametrize("argv", [
     ["--context-length", "8192"], ["--context-length=8192"], ["--context-l", "8192"], ["--context-len=8192"],
     ["--data-parallel-size", "8", "--dp", "4"], ["--dp-size=4", "--data-parallel-size=8"],
     ["--disable-r", "--trust-remote-code", "--chat-template", "x.jinja"],
-    ["--dp", "8"], ["--mm-f=cuda_ipc"], ["--speculative-num-d=2", "--max-m", "16"],
-    ["--disable-overlap-schedule", "--mamba-radix-cache-strategy", "no_buffer", "--speculative-num-d", "3"],
+    ["--dp", "8"], ["--mm-f=cuda_ipc"],
+    ["--speculative-num-d=2", "--max-m", "16", "--speculative-al", "NEXTN", "--speculative-num-s=1", "--speculative-ea=1"],
+    ["--disable-overlap-schedule", "--mamba-radix-cache-strategy", "no_buffer", "--speculative-num-d", "3",
+     "--speculative-algorithm=eagle", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"],
     ["--enable-dp-attention-local-control-broadcast", "--max-mamba-cache-size", "64", "--mamba-f", "0.5"],
     ["--chat-template", "-a b", "--mamba-s", "bfloat16"],
 ])
@@ -171,3 +180,77 @@ def test_a_bad_value_is_refused_in_one_line(argv, says):
         plan_extras.read(["--trust-remote-code", *argv])
     assert str(refused.value).startswith("sglang_server_extra_args: ") and says in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_mtp_draft_tokens_resolve_as_sglangs_handle_eagle_family():
+    """The pinned hooks the resolution follows, run where they are plain Python: NEXTN is EAGLE (no draft model
+    given), and with no steps given SGLang chooses AUTO_DRAFT_TOKENS for every model dsaops plans; the assertion that
+    nothing else comes without the steps, and top-k 1 making the draft tokens steps + 1, as the hook states them."""
+    import ast
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+    from typing import Optional
+
+    alias = define("srt/arg_groups/speculative_hook.py", "_resolve_speculative_algorithm_alias",
+                   {"Optional": Optional})
+    assert {name: alias(name, None) for name in ("NEXTN", "EAGLE", "EAGLE3")} == {"NEXTN": "EAGLE", "EAGLE": "EAGLE",
+                                                                                   "EAGLE3": "EAGLE3"}
+    auto = define("srt/arg_groups/speculative_hook.py", "_auto_choose_speculative_params",
+                  {"resolving_view": lambda args: args, "ServerArgs": object})
+    models = Path(plan_extras.__file__).parent / "models"
+    archs = {arch for path in models.glob("*.json") for arch in json.loads(path.read_text())["architectures"]}
+    assert archs and {auto(SimpleNamespace(speculative_algorithm="EAGLE"), arch) for arch in archs} == \
+        {(3, 1, plan_extras.AUTO_DRAFT_TOKENS)}
+
+    hook = next(n for n in ast.walk(ast.parse(source_file("srt/arg_groups/speculative_hook.py").read_text()))
+                if isinstance(n, ast.FunctionDef) and n.name == "_handle_eagle_family")
+    branches = {ast.unparse(n.test): n.body for n in ast.walk(hook) if isinstance(n, ast.If)}
+    unsteered = branches["not cfg.speculative_adaptive and cfg.speculative_num_steps is None"]
+    assert ast.unparse(unsteered[0]) == \
+        "assert cfg.speculative_eagle_topk is None and cfg.speculative_num_draft_tokens is None"
+    chain = branches["cfg.speculative_eagle_topk == 1 and cfg.speculative_num_draft_tokens != cfg.speculative_num_steps + 1"]
+    assert "speculative_num_draft_tokens=cfg.speculative_num_steps + 1" in ast.unparse(chain)
+    assert "cfg.speculative_eagle_topk > 1 and view.page_size > 1 and (view.attention_backend not in " \
+        "_PAGE_TREE_SPEC_BACKENDS)" in branches   # top-k unset is compared with a number: a TypeError
+
+
+@pytest.mark.parametrize("argv, draft", [
+    (["--speculative-algorithm", "nextn"], plan_extras.AUTO_DRAFT_TOKENS),
+    (["--speculative-algorithm=EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1"], 4),
+    (["--speculative-al", "NEXTN", "--speculative-num-s", "1", "--speculative-ea", "1", "--speculative-num-d", "4"],
+     2),   # top-k 1: steps + 1, whatever was given
+    (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2", "--speculative-eagle-topk", "4",
+      "--speculative-num-draft-tokens", "8"], 8),
+    (["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"], None),   # no algorithm: no speculative decoding
+    (["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "6"], 6),   # as given: not MTP's rules
+])
+def test_the_draft_tokens_are_those_sglang_runs_with(argv, draft):
+    assert plan_extras.read(argv).get("--speculative-num-draft-tokens") == draft
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--speculative-num-draft-tokens", "4"], "without --speculative-algorithm starts no speculative decoding"),
+    (["--speculative-algorithm", "dflash"], "--speculative-algorithm 'DFLASH' without --speculative-num-draft-tokens"),
+    (["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "4"],
+     "without --speculative-num-steps stops SGLang at startup"),
+    (["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3"], "without --speculative-eagle-topk stops"),
+    (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2"],
+     "--speculative-eagle-topk above 1 needs --speculative-num-draft-tokens"),
+    (["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "x"], "--speculative-num-steps takes a whole number"),
+])
+def test_speculative_decoding_sglang_stops_on_or_the_plan_does_not_size_is_refused(argv, says):
+    with pytest.raises(UserError, match="^sglang_server_extra_args: ") as refused:
+        plan_extras.read(argv)
+    assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("draft", [2, 4, 6])
+def test_the_mtp_flags_dsaops_writes_start_the_draft_tokens_planned(draft):
+    """`dsaops plan`'s command line for N draft tokens gives SGLang the steps and top-k with them (without, it stops
+    on its assertion) and resolves to N again."""
+    spec = ClusterSpec(tp_size=1, kv_cache_dtype="fp8_e4m3", speculative_num_draft_tokens=draft)
+    node = NodeSpec(model_path="/m", host="127.0.0.1", port=30000, node_rank=0, dist_init_addr="")
+    argv = launch_args(spec, node)
+    assert argv[argv.index("--speculative-num-steps") + 1] == str(draft - 1)
+    assert plan_extras.read(argv[argv.index("--speculative-num-draft-tokens"):]) == {"--speculative-num-draft-tokens": draft}

@@ -100,13 +100,14 @@ COUNT_CASES = [(flag, value) for flag in INTS for value in ("0", "-1", str(2**31
     ("--nodes", "\u0661"), ("--gpus-per-node", "\u0668"), ("--max-running-requests", "\u0663"),
     ("--tp-size", "\u0668"), ("--context-length", "32_768"), ("--max-mamba-cache-size", "1_000"),
     ("--dp-size", " 1"), ("--max-running-requests", " 7 "), ("--speculative-num-draft-tokens", "2 "),
-    ("--attn-dp-size", "1" + "0" * 12)]
+    ("--attn-dp-size", "1" + "0" * 12), ("--speculative-num-draft-tokens", "1")]   # MTP drafts N - 1 steps
 
 
 @pytest.mark.parametrize("flag, value", COUNT_CASES)
 def test_a_count_takes_ascii_digits_only(flag, value):
     code, out, err = run(argv(**{"--max-running-requests": "64", flag: value}))
-    says = f"dsaops plan: argument {flag}: must be a whole number from 1 to 2147483647, got {value!r}"
+    least = 2 if flag == "--speculative-num-draft-tokens" else 1
+    says = f"dsaops plan: argument {flag}: must be a whole number from {least} to 2147483647, got {value!r}"
     assert code == 2 and not out and err.splitlines() == [says, "see `dsaops plan --help`"], (out, err)
 
 
