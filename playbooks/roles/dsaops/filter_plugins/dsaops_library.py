@@ -71,7 +71,7 @@ from dsaops.healthchecks import deploy, scrape
 from dsaops import fence, host_accounts, image_load, inventory_checks, node_ranks, plan_extras, sglang_ports, targets
 from dsaops.errors import UserError
 from dsaops.image import image_name
-from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
+from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from dsaops.plan import PlanRequest, make_plan
 
 
@@ -128,9 +128,10 @@ def plan(cluster, *, target, nodes, extras=None):
 
 
 def ranks(cluster, *, nodes, extra_args=()):
-    # the extras after the inventory's flags, as at launch: the last given wins
-    argv = ["--tp-size", str(cluster["tp_size"]), "--attn-dp-size", str(cluster["attn_dp_size"]), "--nnodes",
-            str(nodes), *(str(a) for a in extra_args)]
+    # the parallel flags as launch_args writes them, then the extras, as at launch: the last given wins
+    spec = ClusterSpec(tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]), nnodes=int(nodes),
+                       kv_cache_dtype=str(cluster["kv_cache_dtype"]))
+    argv = [*cluster_args(spec), *(str(a) for a in extra_args)]
     try:
         return {"ranks": node_ranks.ranks_per_node(argv), "error": None}
     except node_ranks.BadArguments as e:
