@@ -231,7 +231,7 @@ VARIABLES: dict[str, str] = {
     "monitoring_exporter_uid": "uid", "monitoring_docker_proxy_uid": "uid", "image_source": "host",
     "transfer_dir": "path", "transfer_user": "name", "transfer_authorized_keys": "path", "transfer_host_key": "path",
     "transfer_port": "port", "weights_manifest": "path", "weights_log_dir": "path", "weights_hash_jobs": "positive",
-    "weights_hf_token": "token", "weights_hf_token_file": "path", "host_memory_sysctl_file": "path",
+    "weights_hf_token": "token", "weights_hf_token_file": "path", "weights_check_record": "path", "host_memory_sysctl_file": "path",
     "host_memory_sshd_unit": "name", "host_memory_sshd_pidfile": "path",
     "host_memory_extra_sysctls": "sysctls", "host_memory_sshd_oom_score_adj": "oom_score",
     "sglang_server_oom_score_adj": "oom_score", "host_memory_max_reserved_percent": "reserved_percent",

@@ -167,9 +167,12 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     assert keys.rstrip().endswith("dsaops transfer from node1")
     assert keys.splitlines()[0] == admin and "node9" not in keys          # the node gone from the inventory
 
+    assert "node2: 4 of 4 file(s) hashed against the manifest." in " ".join(first.stdout.split())
+
     again = sandbox.playbook(inventory, tmp_path / "run-2", "--tags", "image,weights", env=controller)
     assert all(host["changed"] == 0 for host in _ok(again).values()), recap(again.stdout)
     assert "Number of regular files transferred: 0" in log.read_text()        # the second run copies nothing
+    assert "node2: 0 of 4 file(s) hashed against the manifest; the others are unchanged" in " ".join(again.stdout.split())
 
     # A bit flip that keeps the size and the time: rsync's quick check misses it, the manifest does not.
     shard = copy / "model-00001-of-00002.safetensors"
@@ -181,8 +184,9 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     third = sandbox.playbook(inventory, tmp_path / "run-3", "--tags", "weights", env=controller)
     _ok(third)
     assert "Number of regular files transferred: 0" in log.read_text()
-    assert ("node2: 1 file(s) differed from the manifest and were copied again: model-00001-of-00002.safetensors"
-            in " ".join(third.stdout.split()))
+    said = " ".join(third.stdout.split())
+    assert "node2: 1 of 4 file(s) hashed against the manifest;" in said      # the write moved its change time
+    assert "node2: 1 file(s) differed from the manifest and were copied again: model-00001-of-00002.safetensors" in said
     assert digest(shard) == digest(model / "model-00001-of-00002.safetensors")
 
 

@@ -3,14 +3,18 @@
 
 The Hugging Face index lists shards but carries no hashes, so the source node hashes every file
 once; a file whose size and modification time match the manifest's entry keeps its hash. A copy
-is checked by hashing every file it holds against the source's manifest (a bit flip keeps size and
-time); before it, the receiving node's free space is weighed against what the copy still lacks.
+is checked by hashing its files against the source's manifest (a bit flip keeps size and time, and
+rsync's quick check misses it); a file that matched is recorded with its inode and change time, which
+any write or rename moves (utime cannot set it back), and is not hashed again while they stand and
+the manifest keeps its hash. Before the copy, the receiving node's free space is weighed against what
+it still lacks.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
@@ -21,7 +25,9 @@ short_description: Write a checkpoint folder's sha256 manifest, or check a copy 
 description:
   - C(write) hashes the files under I(path) (skipping hidden folders such as .cache) into I(manifest), reusing the
     hash of every file whose size and mtime are unchanged.
-  - C(check) hashes every file the I(expected) manifest lists under I(path) and returns those missing or different.
+  - C(check) hashes the files the I(expected) manifest lists under I(path) and returns those missing or different;
+    with I(record), a file unchanged since it last matched (size, mtime, change time, inode, device and the
+    manifest's hash all as recorded) is not hashed again, and the files that match are recorded there.
   - C(room) returns the bytes of the files the I(expected) manifest lists that I(path) lacks (missing, or of
     another size) and the free bytes of I(path)'s filesystem (of its nearest existing folder when it is missing).
 options:
@@ -29,6 +35,8 @@ options:
   manifest: {type: path, description: The manifest (JSON) C(write) writes.}
   expected: {type: json, description: The source's manifest C(check) and C(room) compare against.}
   mode: {type: str, choices: [write, check, room], default: check, description: What to do.}
+  record: {type: path, description: The node's record of the files C(check) found matching.}
+  every: {type: bool, default: false, description: C(check) hashes every file, whatever I(record) holds.}
   jobs: {type: int, default: 8, description: Files hashed at once.}
 """
 
@@ -41,6 +49,14 @@ def _sha256(path: str) -> str:
         while block := f.read(CHUNK):
             digest.update(block)   # releases the GIL: threads hash files in parallel
     return digest.hexdigest()
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(partial, path)   # a reader finds the old file or the new, never half of one
 
 
 def _files(root: str) -> dict[str, os.stat_result]:
@@ -72,28 +88,54 @@ def write(root: str, manifest: str, jobs: int) -> dict:
                                     "sha256": hashes[rel]} for rel in sorted(stats)}
     changed = files != old
     if changed:
-        os.makedirs(os.path.dirname(manifest) or ".", exist_ok=True)
-        partial = manifest + ".partial"
-        with open(partial, "w") as f:
-            json.dump({"folder": root, "files": files}, f, indent=1, sort_keys=True)
-        os.replace(partial, manifest)
+        _write_json(manifest, {"folder": root, "files": files})
     return {"changed": changed, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
             "hashed": todo}
 
 
-def check(root: str, files: dict, jobs: int) -> dict:
-    def bad(rel: str) -> str | None:
+def _stamp(sha256: str, st: os.stat_result) -> dict:
+    # st_ctime_ns moves on every write, rename or utime, so a file edited and given its old mtime
+    # back no longer matches; a copy rsync replaced is another inode
+    return {"sha256": sha256, "stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]}
+
+
+def _read_record(record: str | None) -> dict:
+    try:
+        with open(record) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else {}
+    except (OSError, TypeError, ValueError):   # none yet, or unreadable: everything is hashed
+        return {}
+
+
+def check(root: str, files: dict, jobs: int, record: str | None = None, every: bool = False) -> dict:
+    known = {} if every else _read_record(record)
+
+    def judge(rel: str) -> tuple[str | None, dict | None, bool]:
+        """(what differs or None, the stamp of a match, whether it was hashed)"""
         path = os.path.join(root, rel)
-        if not os.path.isfile(path):
-            return "missing"
-        if os.path.getsize(path) != files[rel]["size"]:
-            return "size"
-        return None if _sha256(path) == files[rel]["sha256"] else "sha256"
+        try:
+            st = os.stat(path)
+        except OSError:
+            return "missing", None, False
+        if not stat.S_ISREG(st.st_mode):
+            return "missing", None, False
+        if st.st_size != files[rel]["size"]:
+            return "size", None, False
+        stamp = _stamp(files[rel]["sha256"], st)   # taken before hashing: a write meanwhile voids it
+        if known.get(rel) == stamp:
+            return None, stamp, False
+        return (None, stamp, True) if _sha256(path) == files[rel]["sha256"] else ("sha256", None, True)
 
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        verdicts = dict(zip(files, pool.map(bad, files)))
-    return {"changed": False, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
-            "mismatched": sorted(rel for rel, v in verdicts.items() if v)}
+        verdicts = dict(zip(files, pool.map(judge, files)))
+    matched = {rel: stamp for rel, (_, stamp, _) in sorted(verdicts.items()) if stamp}
+    changed = record is not None and matched != _read_record(record)
+    if changed:
+        _write_json(record, matched)
+    return {"changed": changed, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
+            "mismatched": sorted(rel for rel, (v, _, _) in verdicts.items() if v),
+            "hashed": sorted(rel for rel, (_, _, hashed) in verdicts.items() if hashed)}
 
 
 def room(root: str, files: dict) -> dict:
@@ -111,6 +153,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec={
         "path": {"type": "path", "required": True}, "manifest": {"type": "path"}, "expected": {"type": "json"},
         "mode": {"type": "str", "choices": ["write", "check", "room"], "default": "check"},
+        "record": {"type": "path"}, "every": {"type": "bool", "default": False},
         "jobs": {"type": "int", "default": 8}}, supports_check_mode=True,
         required_if=[("mode", "write", ["manifest"]), ("mode", "check", ["expected"]), ("mode", "room", ["expected"])])
     p = module.params
@@ -123,7 +166,9 @@ def main() -> None:
     if p["mode"] == "write":
         result = write(p["path"], p["manifest"], p["jobs"])
     else:
-        result = check(p["path"], json.loads(p["expected"])["files"], p["jobs"])
+        # --check writes no record: it hashes what the record would have spared
+        result = check(p["path"], json.loads(p["expected"])["files"], p["jobs"],
+                       None if module.check_mode else p["record"], p["every"])
     if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)
