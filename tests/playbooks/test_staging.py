@@ -23,6 +23,7 @@ import yaml
 from dsaops.image import image_name
 from tests.playbooks.ansible_sandbox import recap
 from tests.support.dockerd import running
+from tests.support.polling import wait_for
 from tests.support.prerequisites import need
 
 pytestmark = pytest.mark.timeout(900)
@@ -301,9 +302,64 @@ def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox
     text = " ".join(result.stdout.split())
     assert result.returncode != 0
     assert ("node1: the weights of zai-org/GLM-5.3-Flash are not staged yet and neither `hf` nor `huggingface-cli` "
-            "is installed there to download them") in text
+            "is on root's PATH there to download them") in text
+    assert "set weights_hf_cli to its path" in text
     assert "set dsaops_model_path to that folder" in text and "dsaops_weights_stage: false" in text
     assert not (roots["node2"] / "var/lib/dsaops/models/GLM-5.3-Flash").exists()
+
+
+def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cluster, tmp_path):
+    """node1 downloads a Hugging Face id with this environment's `hf` (weights_hf_cli: not on root's PATH) from a
+    stand-in Hub (weights_hf_endpoint) that demands the token. Into a 1 MiB filesystem the run stops with both
+    numbers, the Hub having answered only the sizing; with room the files arrive with the token from its file, and
+    node2 gets its copy."""
+    write, roots = cluster
+    repo = tmp_path / "hub"
+    repo.mkdir()
+    (repo / "config.json").write_text('{"architectures": ["Glm5NextForConditionalGeneration"]}\n')
+    for name, size in SHARDS.items():
+        (repo / name).write_bytes(os.urandom(size))
+    token = f"hf_{os.urandom(8).hex()}"
+    address = sandbox.hosts["node1"]["address"].rsplit(".", 1)[0] + ".1"    # the controller's, on the cluster link
+    asked = tmp_path / "hub.log"
+    with open(asked, "w") as log:
+        hub = subprocess.Popen(["ip", "netns", "exec", sandbox.ctl, sys.executable, "-m", "tests.playbooks.standin_hub",
+                                "--repo", "org/tiny-glm", "--folder", str(repo), "--token", token, "--bind", address],
+                               stdout=log, cwd=Path(__file__).resolve().parents[2])
+    assert wait_for(lambda: asked.read_text().strip(), timeout=20)
+    inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": "org/tiny-glm"},
+                      node1={"weights_hf_cli": str(Path(sys.executable).parent / "hf"),
+                             "weights_hf_endpoint": f"http://{address}:{asked.read_text().split()[0]}"})
+    models = roots["node1"] / "var/lib/dsaops/models"
+    models.mkdir(parents=True)
+    assert sandbox.ssh("node1", f"mount -t tmpfs -o size=1m tmpfs {models}").returncode == 0
+    try:
+        # The wrong token: the Hub refuses the sizing, the run says so, and the download stops on its own 401.
+        refused = sandbox.playbook(inventory, tmp_path / "run-401", "--tags", "weights", env={"HF_TOKEN": "hf_wrong"})
+        text = " ".join(refused.stdout.split())
+        assert refused.returncode != 0
+        assert re.search(r"node1: the Hub gave no sizes for org/tiny-glm \(\w+Error: [^)]*401[^)]*\), so the download "
+                         r"goes ahead without weighing it against the free space\.", text), text[-3000:]
+        assert "/resolve/" not in asked.read_text()
+
+        full = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "weights", env={"HF_TOKEN": token})
+        text = " ".join(full.stdout.split())
+        assert full.returncode != 0
+        assert re.search(r"node1: the download of org/tiny-glm needs 3\.\d\d MB more in \S+/var/lib/dsaops/models/"
+                         r"tiny-glm, whose filesystem has 1\.00 MB free; nothing was downloaded\. Free that much "
+                         r"there, or set dsaops_weights_dir to a folder on a larger disk\.", text), text[-3000:]
+        assert "/resolve/" not in asked.read_text()
+        assert sandbox.ssh("node1", f"find {models} -type f").stdout == ""
+
+        assert sandbox.ssh("node1", f"mount -o remount,size=8m {models}").returncode == 0
+        _ok(sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "weights", env={"HF_TOKEN": token}))
+        for node in ("node1", "node2"):
+            listed = sandbox.ssh(node, f"cd {roots[node]}/var/lib/dsaops/models/tiny-glm && sha256sum {' '.join(SHARDS)}")
+            assert all(f"{digest(repo / name)}  {name}" in listed.stdout for name in SHARDS), (node, listed)
+    finally:
+        hub.terminate()
+        hub.wait()
+        sandbox.ssh("node1", f"umount {models}")
 
 
 def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, tmp_path):
