@@ -45,32 +45,34 @@ def mm_reservation_gib(*, multimodal: bool, mm_feature_transport: str) -> float:
 @dataclass(frozen=True)
 class MambaPool:
     slots_per_dp: int            # max_mamba_cache_size as each DP rank's scheduler sees it
-    bytes: int                   # (slots + 1 padding slot) * bytes per slot + spec scratch
+    bytes: int                   # (slots + 1 padding slot) * bytes per slot + spec scratch, as SGLang budgets it
     source: str                  # auto | --max-mamba-cache-size | --max-running-requests
+    unbudgeted: int = 0          # the spec scratch the pool keeps beyond that budget (more scratch draft tokens)
 
 
 def mamba_pool(rest_gib: float, *, slot_bytes: int, attn_dp_size: int, slots_per_request: int,
                max_mamba_cache_size: int | None, max_running_requests: int | None,
-               disable_radix_cache: bool, full_memory_ratio: float, draft_tokens: int | None) -> MambaPool:
-    """_handle_max_mamba_cache (no PP, no ReplaySSM, no fused draft state)."""
-    spec_bytes = 0
+               disable_radix_cache: bool, full_memory_ratio: float, draft_tokens: int | None,
+               scratch_tokens: int | None = None) -> MambaPool:
+    """_handle_max_mamba_cache (no PP, no ReplaySSM, no fused draft state): the spec scratch budgeted for the
+    `draft_tokens` SGLang starts with. The pool keeps it for max_speculative_num_draft_tokens (`scratch_tokens`,
+    more under --speculative-adaptive); `unbudgeted` prices the difference as the budget prices a draft token."""
+    scratch_requests = 0   # the requests (+1 padding) the spec scratch is budgeted for
     per_dp_requests = max(1, max_running_requests // attn_dp_size) if max_running_requests else None
     if max_mamba_cache_size is not None:
         slots, source = max_mamba_cache_size // attn_dp_size, "--max-mamba-cache-size"
         if draft_tokens:
-            capped = min(per_dp_requests, slots // slots_per_request)
-            spec_bytes = slot_bytes * (capped + 1) * draft_tokens
+            scratch_requests = min(per_dp_requests, slots // slots_per_request) + 1
     elif disable_radix_cache and max_running_requests is not None:
         slots, source = per_dp_requests, "--max-running-requests"
         if draft_tokens:
-            spec_bytes = slot_bytes * (slots + 1) * draft_tokens
+            scratch_requests = slots + 1
     else:
         source = "auto"
         budget = rest_gib * full_memory_ratio / (1 + full_memory_ratio) * GIB
         if draft_tokens:  # joint solve of the states and their per-draft-token intermediates
             slots = int((budget - slot_bytes * (1 + draft_tokens)) // (slot_bytes * (1 + draft_tokens / slots_per_request)))
-            capped = min(per_dp_requests, slots // slots_per_request)
-            spec_bytes = slot_bytes * (capped + 1) * draft_tokens
+            scratch_requests = min(per_dp_requests, slots // slots_per_request) + 1
         else:
             slots = int((budget - slot_bytes) // slot_bytes)
     if slots <= 0:
@@ -78,7 +80,9 @@ def mamba_pool(rest_gib: float, *, slot_bytes: int, attn_dp_size: int, slots_per
             f"not enough GPU memory for the mamba state cache (max_mamba_cache_size={slots}, "
             f"{slot_bytes / (1 << 20):.2f} MB per slot): reduce --max-running-requests, raise "
             "--mem-fraction-static, reduce --speculative-num-draft-tokens or use GPUs with more memory")
-    return MambaPool(slots, (slots + 1) * slot_bytes + spec_bytes, source)
+    spec_bytes = slot_bytes * scratch_requests * (draft_tokens or 0)
+    unbudgeted = slot_bytes * scratch_requests * max(0, (scratch_tokens or 0) - (draft_tokens or 0))
+    return MambaPool(slots, (slots + 1) * slot_bytes + spec_bytes, source, unbudgeted)
 
 
 def kv_pool_tokens(kv_bytes: float, *, cell_bytes: int, page_tokens: int) -> int:

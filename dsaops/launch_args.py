@@ -31,6 +31,7 @@ class ClusterSpec:
     mamba_full_memory_ratio: float | None = None
     mamba_ssm_dtype: str = "float32"
     speculative_num_draft_tokens: int | None = None   # MTP: NextN layers as the EAGLE draft, a chain of N - 1 steps
+    speculative_adaptive: bool = False       # SGLang adapts the steps at run time, starting at N - 1
     chunked_prefill_size: int | None = None  # most tokens one prefill chunk takes (the target's bound)
     served_model_name: str | None = None     # the model id clients see, when --model-path is a local folder
     enable_metrics: bool = False             # Prometheus /metrics on the server port
@@ -89,6 +90,8 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
         # makes them steps + 1 (arg_groups/speculative_hook.py _handle_eagle_family)
         out += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(spec.speculative_num_draft_tokens - 1),
                 "--speculative-eagle-topk", "1"]
+        if spec.speculative_adaptive:
+            out.append("--speculative-adaptive")
     if spec.enable_metrics:
         out.append("--enable-metrics")
     if spec.nccl_port is not None:

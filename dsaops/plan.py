@@ -23,6 +23,10 @@ DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE d
               "scratch per draft token); a DFLASH drafter's own KV is not counted; SGLang loads the draft's "
               "weights before it sizes the pools, so --free-memory-gib is the `avail mem=` of the draft's "
               "`Load weight end` line, the later one, and --weights-gib counts the draft's weights too")
+# speculative/adaptive_spec_params.py DEFAULT_ADAPTIVE_CONFIG, every batch-size tier's candidate steps together
+# (resolve_candidate_steps_from_config): --speculative-adaptive starts at the middle one, stops at startup on steps
+# outside them, and the mamba pool keeps a verify scratch for the largest + 1 draft tokens
+ADAPTIVE_STEPS = (0, 1, 3, 5, 7)
 # arg_groups/serving_hook.py handle_multimodal_feature_transport, word for word
 CUDA_IPC_ONE_NODE = "--mm-feature-transport=cuda_ipc only supports a single node."
 
@@ -66,6 +70,9 @@ def add_parser(sub) -> None:
                         "(one node only; SGLang refuses cuda_vmm for DSA models)")
     p.add_argument("--speculative-num-draft-tokens", type=whole_up_to(plan_input.INT_MOST, least=2),
                    help="MTP (NextN) speculative decoding: the draft tokens a step, 2 or more (a chain of N - 1 draft steps)")
+    p.add_argument("--speculative-adaptive", action="store_true",
+                   help="SGLang's adaptive draft steps, started at --speculative-num-draft-tokens - 1 (one of "
+                        f"{', '.join(map(str, ADAPTIVE_STEPS))}); no attention DP")
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=run)
 
@@ -107,6 +114,7 @@ class PlanRequest:
     disable_overlap_schedule: bool = False
     skip_decode_lock: bool = False
     speculative_num_draft_tokens: int | None = None
+    speculative_adaptive: bool = False       # SGLang's default candidate steps, started at draft tokens - 1
     mm_feature_transport: str = "cpu"        # cpu | cuda_ipc: a multimodal model's GPU feature pool
 
 
@@ -208,6 +216,7 @@ def make_plan(req: PlanRequest) -> Plan:
     except kv_layout.BackendRefused as e:
         raise UserError(f"dsaops refuses this launch: {e}") from None
 
+    scratch_tokens = _adaptive_scratch_tokens(req, par)
     pre_load, free, source, assumptions = _free_memory(req, target, model, par)
     running = req.max_running_requests
     if running is None and req.speculative_num_draft_tokens:
@@ -218,7 +227,8 @@ def make_plan(req: PlanRequest) -> Plan:
                                      mem_fraction_static=req.mem_fraction_static, multimodal=model.multimodal,
                                      mm_feature_transport=req.mm_feature_transport)
     try:
-        slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req, running)
+        slot, mamba, kv_gib, tokens = _pools(req, model, par, rest, cell["total"], slots_per_req, running,
+                                             scratch_tokens)
     except kv_budget.NotEnoughMemory as e:
         raise UserError(str(e)) from None
 
@@ -236,15 +246,17 @@ def make_plan(req: PlanRequest) -> Plan:
                     slack_gib=round(pre_load * (1 - req.mem_fraction_static), 3),
                     rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
                     kv_budget_gib=round(kv_gib, 3))
-    chunk = kv_budget.prefill_chunk(target.chunked_prefill_size, memory.slack_gib) if target.chunked_prefill_size else None
+    unbudgeted = round(mamba.unbudgeted / kv_budget.GIB, 3) if mamba else 0.0
+    outside = memory.slack_gib - unbudgeted   # what activations have beside the pools
+    chunk = kv_budget.prefill_chunk(target.chunked_prefill_size, outside) if target.chunked_prefill_size else None
     spec = launch_args.ClusterSpec(
         tp_size=par.tp_size, dp_size=par.dp_size, attn_dp_size=par.attn_dp_size, nnodes=req.nodes,
         kv_cache_dtype=kv_dtype, dsa_prefill_backend=backends.prefill, dsa_decode_backend=backends.decode,
         mem_fraction_static=req.mem_fraction_static, context_length=req.context_length,
         max_running_requests=req.max_running_requests, max_mamba_cache_size=req.max_mamba_cache_size,
         mamba_full_memory_ratio=req.mamba_full_memory_ratio, mamba_ssm_dtype=req.mamba_ssm_dtype,
-        speculative_num_draft_tokens=req.speculative_num_draft_tokens, chunked_prefill_size=chunk,
-        mm_feature_transport=req.mm_feature_transport)
+        speculative_num_draft_tokens=req.speculative_num_draft_tokens, speculative_adaptive=req.speculative_adaptive,
+        chunked_prefill_size=chunk, mm_feature_transport=req.mm_feature_transport)
     return Plan(
         model=model.name, target=target.name,
         kv_layout=layout, kv_cache_dtype=kv_dtype,
@@ -267,15 +279,17 @@ def make_plan(req: PlanRequest) -> Plan:
         parallel=par, memory=memory,
         sglang_args=launch_args.cluster_args(spec),
         warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req)
-        + _prefill_warnings(target, chunk, memory.slack_gib),
-        assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else []),
+        + _prefill_warnings(target, chunk, outside) + _scratch_warnings(unbudgeted, memory.slack_gib),
+        assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else [])
+        + ([_scratch_note(req, scratch_tokens, unbudgeted, memory.slack_gib)] if unbudgeted else []),
     )
 
 
 def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: int, slots_per_req: int,
-           running: int | None):
+           running: int | None, scratch_tokens: int | None):
     """The mamba state pool first, then the KV pool from what is left (_profile_available_bytes);
-    `running` is --max-running-requests as SGLang resolves it."""
+    `running` is --max-running-requests as SGLang resolves it, `scratch_tokens` the draft tokens the
+    pool keeps a verify scratch for (_adaptive_scratch_tokens)."""
     slot = model.mamba_slot_bytes(par.attn_tp_size, ssm_bytes=4 if req.mamba_ssm_dtype == "float32" else 2)
     mamba = None
     if model.linear_layers:
@@ -284,13 +298,35 @@ def _pools(req: PlanRequest, model, par: Parallel, rest_gib: float, cell_bytes: 
             max_mamba_cache_size=req.max_mamba_cache_size, max_running_requests=running,
             disable_radix_cache=req.disable_radix_cache,
             full_memory_ratio=req.mamba_full_memory_ratio or kv_budget.MAMBA_FULL_MEMORY_RATIO,
-            draft_tokens=req.speculative_num_draft_tokens)
+            draft_tokens=req.speculative_num_draft_tokens, scratch_tokens=scratch_tokens)
     kv_gib = rest_gib - (mamba.bytes / kv_budget.GIB if mamba else 0)
     if kv_gib <= 0:
         raise kv_budget.NotEnoughMemory(f"loaded weights leave no GPU memory for the KV cache under "
                                         f"--mem-fraction-static={req.mem_fraction_static}: raise it")
     tokens = kv_budget.kv_pool_tokens(kv_gib * kv_budget.GIB, cell_bytes=cell_bytes, page_tokens=model.page_tokens)
     return slot, mamba, kv_gib, tokens
+
+
+def _adaptive_scratch_tokens(req: PlanRequest, par: Parallel) -> int | None:
+    """The draft tokens the mamba pool keeps a verify scratch for under --speculative-adaptive: the largest
+    candidate step + 1 (spec_info.py resolve_max_speculative_num_draft_tokens), while SGLang budgets the pools
+    for the count it starts with; None without the switch. UserError where SGLang turns the switch off (it then
+    does nothing) or stops at startup."""
+    if not req.speculative_adaptive:
+        return None
+    if not req.speculative_num_draft_tokens:
+        raise UserError("--speculative-adaptive without --speculative-num-draft-tokens starts no speculative decoding: "
+                        "add --speculative-num-draft-tokens 4 (MTP), or drop the flag")
+    if par.attn_dp_size > 1:
+        raise UserError(f"SGLang turns --speculative-adaptive off under attention DP (size {par.attn_dp_size}: its step "
+                        "choices are not kept alike across DP ranks) and runs the static steps; drop it")
+    if req.speculative_num_draft_tokens - 1 not in ADAPTIVE_STEPS:
+        draft = req.speculative_num_draft_tokens
+        raise UserError(f"SGLang stops at startup: --speculative-adaptive starts at {draft - 1} draft steps "
+                        f"(--speculative-num-draft-tokens {draft} less 1), not among its candidate steps "
+                        f"{', '.join(map(str, ADAPTIVE_STEPS))}; give --speculative-num-draft-tokens "
+                        f"{', '.join(str(s + 1) for s in ADAPTIVE_STEPS if s)}")
+    return max(ADAPTIVE_STEPS) + 1
 
 
 def _parallelism(req: PlanRequest) -> Parallel:
@@ -392,6 +428,21 @@ def _prefill_warnings(target, chunk: int | None, slack_gib: float) -> list[str]:
                 f"(--chunked-prefill-size) to fit SGLang's activation estimate in the {slack_gib:.2f} GiB left outside "
                 "the pools; lower --mem-fraction-static to keep longer chunks")]
     return []
+
+
+def _scratch_note(req: PlanRequest, scratch_tokens: int, unbudgeted_gib: float, slack_gib: float) -> str:
+    return (f"--speculative-adaptive: SGLang sizes the pools for the {req.speculative_num_draft_tokens} draft tokens it "
+            f"starts with, but the mamba pool keeps its verify scratch for {scratch_tokens} (the largest candidate step "
+            f"+ 1): about {unbudgeted_gib:.2f} GiB a GPU beyond the pools (a whole state slot a draft token, as SGLang's "
+            f"budget prices it), taken here from the {slack_gib:.2f} GiB left outside them")
+
+
+def _scratch_warnings(unbudgeted_gib: float, slack_gib: float) -> list[str]:
+    if unbudgeted_gib < slack_gib:
+        return []
+    return [(f"--speculative-adaptive's verify scratch beyond the pools (about {unbudgeted_gib:.2f} GiB a GPU) takes "
+             f"all of the {slack_gib:.2f} GiB left outside them: lower --mem-fraction-static, or drop "
+             "--speculative-adaptive")]
 
 
 def render(p: Plan) -> str:

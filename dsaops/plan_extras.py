@@ -8,6 +8,9 @@ that names one flag alone. Each value is read by the `dsaops plan` option's own 
 and a prefix of such an option too short to name it alone is refused, as SGLang refuses it; the
 speculative flags give the draft tokens SGLang runs with (draft_tokens); other flags are left to SGLang. A flag dsaops writes from an inventory variable is
 refused: other roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
+--speculative-adaptive is planned with SGLang's default candidate steps, and refused where SGLang turns it off
+and runs the static steps, as other speculative flags SGLang ignores are (under attention DP, which the
+inventory sets, dsaops.plan refuses it).
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ FLAGS = {
     "--disable-overlap-schedule": "--disable-ov", "--mm-feature-transport": "--mm-f",
     "--speculative-num-draft-tokens": "--speculative-num-d", "--speculative-algorithm": "--speculative-al",
     "--speculative-num-steps": "--speculative-num-s", "--speculative-eagle-topk": "--speculative-ea",
+    "--speculative-adaptive": "--speculative-adaptive",   # also a prefix of --speculative-adaptive-config
+    "--speculative-adaptive-config": "--speculative-adaptive-", "--enable-multi-layer-eagle": "--enable-multi-",
+    "--enable-two-batch-overlap": "--enable-tw", "--enable-pdmux": "--enable-pdm",
     "--model-path": "--model-p", "--model": "--model", "--host": "--ho", "--port": "--po", "--ep-size": "--ep-s",
     "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--no",
     "--dist-init-addr": "--dist-i", "--nccl-init-addr": "--nccl-i", "--nccl-port": "--nccl-p",
@@ -55,6 +61,13 @@ OWNED = {
 SPECULATIVE = {"--speculative-algorithm": str.upper, "--speculative-num-steps": int, "--speculative-eagle-topk": int}
 MTP = ("EAGLE", "NEXTN")   # the model's NextN layers as the EAGLE draft (_resolve_speculative_algorithm_alias)
 AUTO_DRAFT_TOKENS = 4      # _auto_choose_speculative_params for every DSA model: 3 steps, top-k 1, 4 draft tokens
+ADAPTIVE = (*MTP, "EAGLE3")   # what SGLang keeps --speculative-adaptive on for (EAGLE, EAGLE3; NEXTN is EAGLE)
+# SGLang switches that turn --speculative-adaptive off (speculative/adaptive_spec_params.py
+# adaptive_unsupported_reason: their workers do not adapt); not planned otherwise
+ADAPTIVE_OFF = ("--enable-multi-layer-eagle", "--enable-two-batch-overlap", "--enable-pdmux")
+# A JSON file inside the server's container (_load_adaptive_config): its candidate steps would replace the
+# default ones the plan sizes by
+ADAPTIVE_CONFIG = "--speculative-adaptive-config"
 # SGLang's environment switch (srt/environ.py, an EnvBool): the `dsaops plan` switch it amounts to
 ENV = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "--skip-decode-lock"}
 ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")   # EnvBool.parse, lowercased
@@ -105,12 +118,15 @@ def _speculative_value(flag: str, text: str):
                         "drop the flag") from None
 
 
-def draft_tokens(speculative: dict[str, object], given: int | None) -> int | None:
-    """The draft tokens a step SGLang 0.5.23 runs with for the SPECULATIVE flags given and --speculative-num-draft-tokens
-    (`given`), as _handle_eagle_family resolves them for MTP; None without speculative decoding. UserError for
-    what SGLang stops on at startup, or a count only SGLang would know."""
+def draft_tokens(speculative: dict[str, object], given: int | None, adaptive: bool = False) -> int | None:
+    """The draft tokens a step SGLang 0.5.23 starts with for the SPECULATIVE and ADAPTIVE_OFF flags given,
+    --speculative-num-draft-tokens (`given`) and --speculative-adaptive, as _init_adaptive_speculative_params and
+    _handle_eagle_family resolve them for MTP; None without speculative decoding. UserError for what SGLang stops
+    on at startup, a count only SGLang would know, or --speculative-adaptive where SGLang turns it off."""
     algorithm = speculative.get("--speculative-algorithm")
     steps, topk = speculative.get("--speculative-num-steps"), speculative.get("--speculative-eagle-topk")
+    if adaptive:
+        return _adaptive_draft_tokens(speculative, algorithm, steps, topk)
     if algorithm is None:
         if given is not None:
             raise UserError("sglang_server_extra_args: --speculative-num-draft-tokens without --speculative-algorithm "
@@ -139,6 +155,30 @@ def draft_tokens(speculative: dict[str, object], given: int | None) -> int | Non
     return given
 
 
+def _adaptive_draft_tokens(speculative: dict[str, object], algorithm, steps, topk) -> int:
+    """_maybe_disable_adaptive, refused where it turns the switch off, then _init_adaptive_speculative_params: top-k
+    1, the middle candidate step unless steps are given, steps + 1 draft tokens whatever else was given."""
+    if algorithm is None:
+        raise UserError("sglang_server_extra_args: --speculative-adaptive without --speculative-algorithm starts no "
+                        "speculative decoding; add --speculative-algorithm NEXTN (MTP), or drop the flag")
+    if algorithm not in ADAPTIVE:
+        off = f"for --speculative-algorithm {shown(algorithm)} (it adapts EAGLE's draft steps only)"
+    elif topk not in (None, 1):
+        off = f"with --speculative-eagle-topk {topk} (it adapts a top-k 1 chain only)"
+    else:
+        off = next((f"with {flag}" for flag in ADAPTIVE_OFF if flag in speculative), None)
+    if off:
+        raise UserError(f"sglang_server_extra_args: SGLang turns --speculative-adaptive off {off} and runs the static "
+                        "steps; drop it")
+    candidates = plan.ADAPTIVE_STEPS
+    steps = candidates[len(candidates) // 2] if steps is None else steps
+    if steps not in candidates:
+        raise UserError(f"sglang_server_extra_args: --speculative-num-steps {steps} is not among --speculative-adaptive's "
+                        f"candidate steps ({', '.join(map(str, candidates))}), which stops SGLang at startup; give one "
+                        "of them, or drop --speculative-adaptive")
+    return steps + 1
+
+
 def read(args, env=None) -> dict[str, object]:
     """{`dsaops plan` option or ENV name: value} for what `args` (sglang_server_extra_args) and `env`
     (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
@@ -162,12 +202,16 @@ def read(args, env=None) -> dict[str, object]:
         if flag in OWNED:
             raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "
                             "too; set that in the inventory and drop the flag")
+        if flag == ADAPTIVE_CONFIG:
+            raise UserError(f"sglang_server_extra_args: {name} names a file inside the server's container, which the "
+                            "plan cannot read (its candidate steps set the draft tokens SGLang sizes by); drop it to "
+                            "run SGLang's default candidate steps, which the plan models")
         action = _plan_options().get(flag)
-        if action is not None and action.nargs == 0:      # a switch
+        if flag in ADAPTIVE_OFF or (action is not None and action.nargs == 0):      # a switch
             if eq:
                 raise UserError(f"sglang_server_extra_args: {flag} is a switch and takes no value, got {word!r}; "
                                 f"write {flag} alone")
-            settings[flag] = True
+            (speculative if flag in ADAPTIVE_OFF else settings)[flag] = True
             continue
         if not eq:
             if at + 1 == len(args) or _is_flag(args[at + 1]) or args[at + 1] == "--":
@@ -178,8 +222,9 @@ def read(args, env=None) -> dict[str, object]:
             speculative[flag] = _speculative_value(flag, text)
         else:
             settings[flag] = _value(action, flag, text)
-    if speculative or "--speculative-num-draft-tokens" in settings:
-        draft = draft_tokens(speculative, settings.pop("--speculative-num-draft-tokens", None))
+    adaptive = settings.get("--speculative-adaptive", False)
+    if speculative or "--speculative-num-draft-tokens" in settings or adaptive:
+        draft = draft_tokens(speculative, settings.pop("--speculative-num-draft-tokens", None), adaptive)
         if draft is not None:
             settings["--speculative-num-draft-tokens"] = draft
     for name, value in (env or {}).items():

@@ -35,7 +35,8 @@ _LEAST = {"speculative_num_draft_tokens": 2}
 # field: (largest value, unit); each above 0
 _AMOUNTS = {"gpu_memory_gib": (GIB_MOST, " GiB"), "free_memory_gib": (GIB_MOST, " GiB"),
             "weights_gib": (GIB_MOST, " GiB"), "mamba_full_memory_ratio": (RATIO_MOST, "")}
-_SWITCHES = ("enable_dp_attention", "disable_radix_cache", "disable_overlap_schedule", "skip_decode_lock")
+_SWITCHES = ("enable_dp_attention", "disable_radix_cache", "disable_overlap_schedule", "skip_decode_lock",
+             "speculative_adaptive")
 _NAMES = ("target", "kv_cache_dtype", "model", "model_config", "dsa_prefill_backend", "dsa_decode_backend")
 _CHOICES = {"mamba_ssm_dtype": MAMBA_SSM_DTYPES, "mamba_radix_cache_strategy": MAMBA_RADIX_CACHE_STRATEGIES,
             "mm_feature_transport": MM_FEATURE_TRANSPORTS}

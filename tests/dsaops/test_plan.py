@@ -348,6 +348,60 @@ def test_gb10_prefill_chunks_are_bounded_and_fitted_to_the_slack(capsys):
     assert h20["prefill_chunk_tokens"] is None and "--chunked-prefill-size" not in h20["sglang_args"]
 
 
+def test_adaptive_steps_size_the_pools_for_the_start_and_the_scratch_for_the_largest(capsys):
+    """--speculative-adaptive: SGLang budgets the mamba pool and the KV pool for the draft tokens it starts with
+    (_handle_max_mamba_cache reads speculative_num_draft_tokens), so the pools it logs are the static count's, not
+    those of the 8 it may switch to; the mamba pool still keeps its verify scratch for 8 (the largest candidate step
+    + 1, max_speculative_num_draft_tokens), and the plan counts the difference against the memory outside the pools."""
+    args = [*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5"]
+    start = plan([*args, "--speculative-num-draft-tokens", "4"], capsys)
+    adaptive = plan([*args, "--speculative-num-draft-tokens", "4", "--speculative-adaptive"], capsys)
+    largest = plan([*args, "--speculative-num-draft-tokens", "8"], capsys)
+    for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp", "memory", "max_running_requests_per_dp"):
+        assert adaptive[key] == start[key], key
+    for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp"):   # SGLang's sizing for 8 from the start: not this
+        assert largest[key] != adaptive[key], key
+    slot = GLM.mamba_slot_bytes(8)["total"]
+    requests = min(48, adaptive["mamba_slots_per_dp"] // adaptive["mamba_state_slots_per_request"]) + 1
+    beyond = slot * requests * (8 - 4) / GIB
+    note = next(a for a in adaptive["assumptions"] if a.startswith("--speculative-adaptive: "))
+    assert "the 4 draft tokens it starts with, but the mamba pool keeps its verify scratch for 8" in note
+    assert f"about {beyond:.2f} GiB a GPU beyond the pools" in note and 3 < beyond < 4
+    assert not any("--speculative-adaptive" in a for a in start["assumptions"])   # negative control
+    assert adaptive["sglang_args"] == [*start["sglang_args"], "--speculative-adaptive"]
+
+
+def test_adaptive_scratch_comes_out_of_the_memory_the_prefill_chunk_is_fitted_to(capsys):
+    """Two GB10s, 12 requests: 4096-token chunks (6.5 GiB by SGLang's estimate) fit the 6.66 GiB outside the pools,
+    not the 4.81 GiB the adaptive verify scratch (1.85 GiB) leaves of it."""
+    sparks = [*GB10_REPORT[:-6], "--max-running-requests", "12", "--mamba-ssm-dtype", "bfloat16", "--kv-cache-dtype",
+              "fp8_e4m3", "--gpu-memory-gib", "119", "--free-memory-gib", "20", "--speculative-num-draft-tokens", "4"]
+    static = plan(sparks, capsys)
+    adaptive = plan([*sparks, "--speculative-adaptive"], capsys)
+    assert static["prefill_chunk_tokens"] == 4096 and adaptive["prefill_chunk_tokens"] == 2048
+    assert adaptive["kv_pool_tokens_per_rank"] == static["kv_pool_tokens_per_rank"]
+    assert any("lowered from sm_121's 4096 to 2048" in w for w in adaptive["warnings"])
+    starved = plan([*sparks, "--speculative-adaptive", "--mem-fraction-static", "0.99"], capsys)
+    assert any(w.startswith("--speculative-adaptive's verify scratch beyond the pools") for w in starved["warnings"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--speculative-adaptive"], ("--speculative-adaptive without --speculative-num-draft-tokens starts no "
+                                  "speculative decoding: add --speculative-num-draft-tokens 4 (MTP), or drop the flag")),
+    (["--speculative-adaptive", "--speculative-num-draft-tokens", "3"],
+     ("SGLang stops at startup: --speculative-adaptive starts at 2 draft steps (--speculative-num-draft-tokens 3 less "
+      "1), not among its candidate steps 0, 1, 3, 5, 7; give --speculative-num-draft-tokens 2, 4, 6, 8")),
+    (["--speculative-adaptive", "--speculative-num-draft-tokens", "4", "--attn-dp-size", "8"],
+     ("SGLang turns --speculative-adaptive off under attention DP (size 8: its step choices are not kept alike "
+      "across DP ranks) and runs the static steps; drop it")),
+    (["--speculative-adaptive", "--speculative-num-draft-tokens", "3", "--dp-size", "8", "--enable-dp-attention"],
+     "SGLang turns --speculative-adaptive off under attention DP (size 8"),
+])
+def test_adaptive_where_sglang_stops_or_turns_it_off_is_refused(argv, says, capsys):
+    err = refused([*H20, "--kv-cache-dtype", "fp8_e4m3", *TILELANG, "--free-memory-gib", "89.5", *argv], capsys)
+    assert err.startswith("dsaops plan: ") and says in err and err.count("\n") == 1
+
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

@@ -8,13 +8,16 @@ import warnings
 
 import pytest
 
-from dsaops import plan_extras
+from dsaops import plan, plan_extras
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
 from dsaops.plan import PlanRequest
 from tests.support.sglang_definitions import cli_aliases, cli_flags, define, source_file
 
 SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
+# the switches adaptive_unsupported_reason turns --speculative-adaptive off for (pinned below), and its config file
+TURNS_ADAPTIVE_OFF = ("--enable-multi-layer-eagle", "--enable-two-batch-overlap", "--enable-pdmux")
+ADAPTIVE_CONFIG = "--speculative-adaptive-config"
 
 
 def test_sglang_parses_with_argparses_abbreviations():
@@ -39,7 +42,8 @@ def test_every_plan_option_sglang_takes_is_read_from_the_extra_arguments():
     `--model` is a preset to the planner, the model path to SGLang."""
     sglang = cli_flags()
     planned = {option for option in plan_extras._plan_options() if option in sglang} - {"--model"}
-    assert planned | set(plan_extras.OWNED) | set(plan_extras.SPECULATIVE) == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+    read = set(plan_extras.OWNED) | set(plan_extras.SPECULATIVE) | set(TURNS_ADAPTIVE_OFF) | {ADAPTIVE_CONFIG}
+    assert planned | read == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
 
 
 def test_every_flag_dsaops_writes_from_the_inventory_is_refused_in_the_extra_arguments():
@@ -80,7 +84,8 @@ def _sglang_parser() -> argparse.ArgumentParser:
     """argparse holding every flag of the pinned SGLang, switches where the planner's are."""
     parser = argparse.ArgumentParser(prog="sglang serve")
     aliases = cli_aliases()
-    switches = {"--trust-remote-code", "--enable-dp-attention-local-control-broadcast"} | {f for f, a in plan_extras._plan_options().items() if a.nargs == 0}
+    switches = {"--trust-remote-code", "--enable-dp-attention-local-control-broadcast", *TURNS_ADAPTIVE_OFF} | \
+        {f for f, a in plan_extras._plan_options().items() if a.nargs == 0}
     for flag in cli_flags():
         if flag not in aliases:
             names = [flag, *(a for a, f in aliases.items() if f == flag)]
@@ -91,7 +96,8 @@ def _sglang_parser() -> argparse.ArgumentParser:
 def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
     """What SGLang's argparse (_sglang_parser) gives the planner's options for argv."""
     given = vars(_sglang_parser().parse_args(argv))
-    planned = set(plan_extras.FLAGS) - set(plan_extras.ALIASES) - set(plan_extras.SPECULATIVE)
+    planned = set(plan_extras.FLAGS) - set(plan_extras.ALIASES) - set(plan_extras.SPECULATIVE) - \
+        set(TURNS_ADAPTIVE_OFF) - {ADAPTIVE_CONFIG}
     return {flag: given[flag] for flag in planned if given[flag]}
 
 
@@ -105,6 +111,7 @@ def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
      "--speculative-algorithm=eagle", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"],
     ["--enable-dp-attention-local-control-broadcast", "--max-mamba-cache-size", "64", "--mamba-f", "0.5"],
     ["--chat-template", "-a b", "--mamba-s", "bfloat16"],
+    ["--speculative-adaptive", "--speculative-al", "NEXTN", "--speculative-num-s=5", "--speculative-num-d", "6"],
 ])
 def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
     read = plan_extras.read(argv)
@@ -254,3 +261,151 @@ def test_the_mtp_flags_dsaops_writes_start_the_draft_tokens_planned(draft):
     argv = launch_args(spec, node)
     assert argv[argv.index("--speculative-num-steps") + 1] == str(draft - 1)
     assert plan_extras.read(argv[argv.index("--speculative-num-draft-tokens"):]) == {"--speculative-num-draft-tokens": draft}
+
+
+ADAPTIVE_PARAMS = "srt/speculative/adaptive_spec_params.py"
+
+
+def _sglang_adaptive(monkeypatch):
+    """The pinned hooks, run where they are plain Python: _init_adaptive_speculative_params over a record whose
+    declared values it reads back, adaptive_unsupported_reason on an in-tree platform, and NEXTN's alias; the
+    candidate steps are DEFAULT_ADAPTIVE_CONFIG's, as resolve_candidate_steps_from_config reads them."""
+    import json
+    from types import SimpleNamespace
+    from typing import Optional
+
+    from tests.support.sglang_definitions import fake_modules, lift
+
+    config = lift(source_file(ADAPTIVE_PARAMS), ["DEFAULT_ADAPTIVE_CONFIG", "_load_adaptive_config",
+                                                 "resolve_candidate_steps_from_config"], {"json": json})
+    fake_modules(monkeypatch, {"sglang.srt.speculative.adaptive_spec_params": config,
+                               "sglang.srt.arg_groups.model_override_base": {"ep_scale_joiner_of": lambda cfg: False}})
+    identity = {"resolving_view": lambda args: args, "resolved_view": lambda args: args}
+    init = define("srt/arg_groups/speculative_hook.py", "_init_adaptive_speculative_params",
+                  {**identity, "declare_resolution": lambda args, _by, **values: vars(args).update(values)})
+    reason = define(ADAPTIVE_PARAMS, "adaptive_unsupported_reason", {
+        **identity, "attn_dp_enabled_of": define("srt/runtime_context.py", "attn_dp_enabled_of", {}),
+        "SpeculativeAlgorithm": SimpleNamespace(from_string=lambda name: SimpleNamespace(
+            get_platform_worker_cls=lambda: None))})   # dsaops' targets are CUDA and ROCm, in SGLang's tree
+    alias = define("srt/arg_groups/speculative_hook.py", "_resolve_speculative_algorithm_alias",
+                   {"Optional": Optional})
+    return config["resolve_candidate_steps_from_config"], init, reason, alias
+
+
+def test_the_adaptive_candidate_steps_are_sglangs_default_configs(monkeypatch):
+    """SGLang's pools and steps come from every batch-size tier's candidate steps together; the hook that reads them
+    runs before the EAGLE family's (whose auto choice it skips) and only turns the switch off where unsupported."""
+    import ast
+
+    candidates, *_ = _sglang_adaptive(monkeypatch)
+    assert candidates() == list(plan.ADAPTIVE_STEPS)
+    hook = next(n for n in ast.walk(ast.parse(source_file("srt/arg_groups/speculative_hook.py").read_text()))
+                if isinstance(n, ast.FunctionDef) and n.name == "handle_speculative_decoding")
+    adaptive = next(n for n in hook.body if isinstance(n, ast.If) and ast.unparse(n.test) == "cfg.speculative_adaptive")
+    assert [ast.unparse(n) for n in adaptive.body] == [
+        "_maybe_disable_adaptive(server_args)",
+        "if cfg.speculative_adaptive:\n    _init_adaptive_speculative_params(server_args)"]
+    assert hook.body.index(adaptive) < next(i for i, n in enumerate(hook.body) if "handle_server_args" in ast.unparse(n))
+    reason = next(n for n in ast.walk(ast.parse(source_file(ADAPTIVE_PARAMS).read_text()))
+                  if isinstance(n, ast.FunctionDef) and n.name == "adaptive_unsupported_reason")
+    switches = {"--" + n.attr.replace("_", "-") for n in ast.walk(reason)
+                if isinstance(n, ast.Attribute) and n.attr.startswith("enable_")}
+    assert switches == set(TURNS_ADAPTIVE_OFF) == set(plan_extras.ADAPTIVE_OFF)
+
+
+@pytest.mark.parametrize("steps", [None, *range(9)])
+@pytest.mark.parametrize("topk", [None, 1])
+@pytest.mark.parametrize("given", [None, 2, 6])
+def test_adaptive_draft_tokens_are_what_sglang_starts_with(monkeypatch, steps, topk, given):
+    """The pinned _init_adaptive_speculative_params, then top-k 1's steps + 1: the count SGLang budgets the pools for,
+    or its startup error, for every steps, top-k and count the extras can give with the switch."""
+    from types import SimpleNamespace
+
+    _, init, _, _ = _sglang_adaptive(monkeypatch)
+    record = SimpleNamespace(speculative_adaptive_config=None, speculative_num_steps=steps, speculative_eagle_topk=topk,
+                             speculative_num_draft_tokens=given)
+    argv = ["--speculative-adaptive", "--speculative-algorithm", "NEXTN"]
+    for flag, value in (("--speculative-num-steps", steps), ("--speculative-eagle-topk", topk),
+                        ("--speculative-num-draft-tokens", given)):
+        argv += [flag, str(value)] if value is not None else []
+    try:
+        init(record)
+    except ValueError:
+        with pytest.raises(UserError, match=f"^sglang_server_extra_args: --speculative-num-steps {steps} is not among "
+                                            r"--speculative-adaptive's candidate steps \(0, 1, 3, 5, 7\), which stops "
+                                            "SGLang at startup; give one of them, or drop --speculative-adaptive$"):
+            plan_extras.read(argv)
+        return
+    assert record.speculative_eagle_topk == 1
+    assert plan_extras.read(argv) == {"--speculative-adaptive": True,
+                                      "--speculative-num-draft-tokens": record.speculative_num_steps + 1}
+
+
+@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE", "EAGLE3", "DFLASH", "NGRAM", "STANDALONE"])
+@pytest.mark.parametrize("topk", [None, 1, 2])
+@pytest.mark.parametrize("switch", [None, *TURNS_ADAPTIVE_OFF])
+def test_adaptive_is_refused_where_sglang_turns_it_off(monkeypatch, algorithm, topk, switch):
+    """adaptive_unsupported_reason (pinned) for what the extras set: where it gives a reason SGLang warns and runs the
+    static steps, and the extras reader refuses the switch; attention DP, the inventory's, is the plan's to refuse."""
+    from types import SimpleNamespace
+
+    _, _, reason, alias = _sglang_adaptive(monkeypatch)
+    record = SimpleNamespace(speculative_algorithm=alias(algorithm, None), speculative_eagle_topk=topk, attn_dp_size=1,
+                             **{f"enable_{flag[len('--enable-'):].replace('-', '_')}": flag == switch
+                                for flag in TURNS_ADAPTIVE_OFF})
+    argv = ["--speculative-adaptive", "--speculative-algorithm", algorithm, "--speculative-num-steps", "3",
+            "--speculative-num-draft-tokens", "4", *(["--speculative-eagle-topk", str(topk)] if topk else []),
+            *([switch] if switch else [])]
+    if reason(record) is None:
+        assert plan_extras.read(argv) == {"--speculative-adaptive": True, "--speculative-num-draft-tokens": 4}
+    else:
+        with pytest.raises(UserError, match="^sglang_server_extra_args: SGLang turns --speculative-adaptive off "
+                                            r"(for|with) .* and runs the static steps; drop it$"):
+            plan_extras.read(argv)
+    assert reason(SimpleNamespace(**{**vars(record), "attn_dp_size": 8})) is not None
+    assert reason(SimpleNamespace(**{**vars(record), "speculative_algorithm": None})) is not None
+
+
+@pytest.mark.parametrize("argv, draft", [
+    (["--speculative-adaptive", "--speculative-algorithm", "nextn"], 4),   # the middle candidate step, 3
+    (["--speculative-adaptive", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "7"], 8),  # top-k: 1
+    (["--speculative-adaptive", "--speculative-algorithm=EAGLE", "--speculative-eagle-topk", "1"], 4),
+    (["--speculative-adaptive", "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "6"], 4),
+    (["--speculative-al", "NEXTN", "--speculative-num-s", "1", "--speculative-ea", "1", "--speculative-adaptive"], 2),
+])
+def test_adaptive_draft_tokens(argv, draft):
+    assert plan_extras.read(argv) == {"--speculative-adaptive": True, "--speculative-num-draft-tokens": draft}
+
+
+@pytest.mark.parametrize("argv, draft", [
+    (["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1"], 3),
+    (["--speculative-algorithm", "NEXTN", "--enable-two-batch-overlap", "--enable-pdmux"], 4),
+    (["--enable-multi-layer-eagle"], None),
+])
+def test_without_the_switch_the_draft_tokens_are_the_static_ones(argv, draft):
+    """Negative control: steps outside the candidates, and the switches that turn adaptive off, change nothing."""
+    assert plan_extras.read(argv).get("--speculative-num-draft-tokens") == draft
+    assert "--speculative-adaptive" not in plan_extras.read(argv)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--speculative-adaptive"], "--speculative-adaptive without --speculative-algorithm starts no speculative decoding"),
+    (["--speculative-adaptive", "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "4"],
+     "--speculative-num-steps 4 is not among --speculative-adaptive's candidate steps (0, 1, 3, 5, 7)"),
+    (["--speculative-adaptive", "--speculative-algorithm", "NEXTN", "--speculative-adaptive-config", "/c/a.json"],
+     "--speculative-adaptive-config names a file inside the server's container, which the plan cannot read"),
+    (["--speculative-adaptive-=/c/a.json"], "drop it to run SGLang's default candidate steps, which the plan models"),
+    (["--speculative-algorithm", "NEXTN", "--enable-pdmux=1"], "--enable-pdmux is a switch and takes no value"),
+    (["--speculative-adaptiv", "--speculative-algorithm", "NEXTN"], "SGLang refuses --speculative-adaptiv as ambiguous"),
+])
+def test_adaptive_sglang_stops_on_or_the_plan_cannot_read_is_refused_in_one_line(argv, says):
+    with pytest.raises(UserError, match="^sglang_server_extra_args: ") as refused:
+        plan_extras.read(argv)
+    assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_adaptive_flags_dsaops_writes_start_the_draft_tokens_planned():
+    spec = ClusterSpec(tp_size=1, kv_cache_dtype="fp8_e4m3", speculative_num_draft_tokens=6, speculative_adaptive=True)
+    argv = launch_args(spec, NodeSpec(model_path="/m", host="127.0.0.1", port=30000))
+    assert plan_extras.read(argv[argv.index("--speculative-num-draft-tokens"):]) == {
+        "--speculative-num-draft-tokens": 6, "--speculative-adaptive": True}

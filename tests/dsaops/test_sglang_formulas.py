@@ -324,6 +324,77 @@ def _our_mamba(rest, slot, dp, size, running, radix_off, draft):
                                 draft_tokens=draft)
 
 
+def test_adaptive_pools_are_budgeted_for_the_start_and_keep_scratch_for_the_largest(monkeypatch):
+    """Under --speculative-adaptive the mamba budget (pinned _handle_max_mamba_cache) reads the draft tokens SGLang
+    starts with, while the hybrid pool takes max_speculative_num_draft_tokens() for its verify scratch: the largest
+    candidate step + 1 (resolve_max_speculative_num_draft_tokens, run). What the budget would reserve for that many,
+    less what it reserves, is the plan's unbudgeted scratch, on both branches that fix the slot count."""
+    import ast
+    import json
+
+    from dsaops import plan
+    from tests.support.sglang_definitions import lift, source_file
+
+    def function(rel, name, within=None):
+        scope = ast.parse(source_file(rel).read_text())
+        if within:
+            scope = next(n for n in ast.walk(scope) if isinstance(n, ast.ClassDef) and n.name == within)
+        return next(n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+    budget = ast.unparse(function(KVC, "_handle_max_mamba_cache"))
+    assert "D = get_spec().speculative_num_draft_tokens" in budget and "max_speculative_num_draft_tokens" not in budget
+    pool = next(n for n in ast.walk(function(KVC, "_build_hybrid_req_pool"))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "HybridReqToTokenPool")
+    scratch = next(k.value for k in pool.keywords if k.arg == "speculative_num_draft_tokens")
+    assert "max_speculative_num_draft_tokens()" in ast.unparse(scratch)
+    assert "size=(num_mamba_layers, spec_state_size + 1, speculative_num_draft_tokens, temporal_state_shape[0]" in \
+        ast.unparse(function("srt/mem_cache/memory_pool.py", "__init__", within="MambaPool"))
+
+    config = lift(source_file("srt/speculative/adaptive_spec_params.py"),
+                  ["DEFAULT_ADAPTIVE_CONFIG", "_load_adaptive_config", "resolve_candidate_steps_from_config"],
+                  {"json": json})
+    fake_modules(monkeypatch, {"sglang.srt.speculative.adaptive_spec_params": config,
+                               "sglang.srt.arg_groups.overrides": {"resolving_view": lambda args: args}})
+    largest = define("srt/speculative/spec_info.py", "SpeculativeAlgorithm.resolve_max_speculative_num_draft_tokens", {})
+    for adaptive, start in ((True, 4), (True, 2), (False, 4)):
+        args = NS(speculative_num_draft_tokens=start, speculative_adaptive=adaptive, speculative_adaptive_config=None)
+        assert largest(None, args) == (max(plan.ADAPTIVE_STEPS) + 1 if adaptive else start)
+
+    ns, ratio = _ratio_fn()
+    _set_mamba_flags(ns, radix_off=False, extra=True, overlap=True, lazy=False, skip=False)
+    ns.update(_pd_prefill_skips_mamba_spec_state=lambda: False)
+    handle = define(KVC, "KVCacheConfigurator._handle_max_mamba_cache", ns)
+    slot = GLM.mamba_slot_bytes(1)["total"]
+
+    def rest_after(draft, size, radix_off, dp, running):
+        schedule = NS(max_running_requests=running, max_mamba_cache_size=size, mamba_full_memory_ratio=0.9,
+                      disable_overlap_schedule=False)
+        ns.update(get_schedule=lambda: schedule, get_memory=lambda: NS(disable_radix_cache=radix_off),
+                  get_spec=lambda: NS(speculative_num_draft_tokens=draft),
+                  get_exec=lambda: NS(mamba=NS(enable_linear_replayssm_spec=False, enable_mamba_extra_buffer=True,
+                                               enable_mamba_extra_buffer_lazy=False)),
+                  get_context=lambda: NS(override=lambda name, max_mamba_cache_size: setattr(
+                      schedule, "max_mamba_cache_size", max_mamba_cache_size)))
+        kvc = NS(mambaish_config=NS(mamba2_cache_params=NS(layers=list(GLM.linear_layers), mamba_cache_per_req=slot)),
+                 pp_size=1, fused_entry_bytes=lambda name: None, spec_algorithm=NS(is_none=lambda: False),
+                 hybrid_gdn_config=None, hybrid_kda_config=object(), extra_mamba_cache_bytes_per_req=0,
+                 attn_dp_size=dp, _calculate_mamba_ratio=lambda: ratio(None))
+        return handle(kvc, 61.6)
+
+    for size, radix_off, dp, running in itertools.product((40, 300, None), (False, True), (1, 8), (12, 256)):
+        if size is None and not radix_off:
+            continue   # the auto branch solves the slot count for the draft tokens: no like-for-like difference
+        sglang = rest_after(4, size, radix_off, dp, running) - rest_after(8, size, radix_off, dp, running)
+        ours = kv_budget.mamba_pool(61.6, slot_bytes=slot, attn_dp_size=dp, slots_per_request=1 if radix_off else 5,
+                                    max_mamba_cache_size=size, max_running_requests=running, disable_radix_cache=radix_off,
+                                    full_memory_ratio=0.9, draft_tokens=4, scratch_tokens=8)
+        assert ours.unbudgeted / kv_budget.GIB == pytest.approx(sglang, abs=1e-9)
+        assert ours.unbudgeted > 0
+    static = kv_budget.mamba_pool(61.6, slot_bytes=slot, attn_dp_size=1, slots_per_request=5, max_mamba_cache_size=None,
+                                  max_running_requests=48, disable_radix_cache=False, full_memory_ratio=0.9,
+                                  draft_tokens=4)
+    assert static.unbudgeted == 0   # negative control: no switch, the pool keeps what the budget reserves
+
 def test_speculative_running_requests_default_is_handle_eagle_familys():
     """MTP runs as EAGLE: with --max-running-requests unset, _handle_eagle_family declares the plan's default."""
     import ast

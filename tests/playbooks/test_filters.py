@@ -124,3 +124,17 @@ def test_the_extra_arguments_win_over_the_inventory_in_the_plan():
     assert library.extras(["--context-length", "abc"]) == {"settings": None, "error": (
         "sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; fix the "
         "value or drop the flag")}
+
+
+def test_adaptive_steps_in_the_extra_arguments_are_planned_without_attention_dp_only():
+    """SGLang turns --speculative-adaptive off under attention DP, which the inventory sets: the plan refuses it there."""
+    cluster = {"gpus_per_node": "8", "tp_size": "8", "attn_dp_size": "1", "kv_cache_dtype": "fp8_e4m3",
+               "dsa_prefill_backend": "tilelang", "dsa_decode_backend": "tilelang", "mem_fraction_static": "0.85",
+               "gpu_memory_gib": "96", "weights_gib": None, "max_running_requests": "48"}
+    read = library.extras(["--speculative-adaptive", "--speculative-algorithm", "NEXTN"])
+    assert read == {"settings": {"--speculative-adaptive": True, "--speculative-num-draft-tokens": 4}, "error": None}
+    planned = library.plan(cluster, target="sm_90", nodes=1, extras=read["settings"])["plan"]
+    assert any(a.startswith("--speculative-adaptive: ") for a in planned["assumptions"])
+    dp = library.plan({**cluster, "attn_dp_size": "8"}, target="sm_90", nodes=1, extras=read["settings"])
+    assert dp == {"plan": None, "error": "SGLang turns --speculative-adaptive off under attention DP (size 8: its step "
+                                         "choices are not kept alike across DP ranks) and runs the static steps; drop it"}

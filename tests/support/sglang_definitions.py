@@ -39,7 +39,8 @@ def _node(path: Path, dotted: str) -> ast.stmt:
     body, node = _tree(path).body, None
     for part in dotted.split("."):
         node = next((n for n in body if getattr(n, "name", None) == part
-                     or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == part for t in n.targets))),
+                     or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) == part for t in n.targets))
+                     or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == part)),
                     None)
         if node is None:
             raise LookupError(f"{dotted} is gone from {path}")
