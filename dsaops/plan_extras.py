@@ -4,10 +4,12 @@ The playbooks launch SGLang with sglang_server_extra_args after the flags dsaops
 win (dsaops.launch_args), and with sglang_server_extra_env in its environment; the preflight plans
 with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
 defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
-that names one flag alone. Each value is read by the `dsaops plan` option's own type and choices,
-and a prefix of such an option too short to name it alone is refused, as SGLang refuses it; the
-speculative flags give the draft tokens SGLang runs with (draft_tokens); other flags are left to SGLang. A flag dsaops writes from an inventory variable is
-refused: other roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
+that names one flag alone. The arguments are first parsed against SGLang's own flags (dsaops.sglang_cli),
+which refuses what stops SGLang's parser at startup (a flag it has not got, a prefix of several, a value
+missing or extra). Each value of a flag the planner models is then read by the `dsaops plan` option's own
+type and choices; the speculative flags give the draft tokens SGLang runs with (draft_tokens); the values
+of other flags are left to SGLang. A flag dsaops writes from an inventory variable is refused: other
+roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
 --speculative-adaptive is planned with SGLang's default candidate steps, and refused where SGLang turns it off
 and runs the static steps, as other speculative flags SGLang ignores are (under attention DP, which the
 inventory sets, dsaops.plan refuses it).
@@ -18,7 +20,7 @@ import argparse
 import functools
 import re
 
-from dsaops import plan
+from dsaops import plan, sglang_cli
 from dsaops.errors import UserError
 from dsaops.plan_input import shown
 
@@ -110,14 +112,6 @@ def _value(action: argparse.Action, flag: str, text: str):
     return value
 
 
-def _speculative_value(flag: str, text: str):
-    try:
-        return SPECULATIVE[flag](text)
-    except ValueError:
-        raise UserError(f"sglang_server_extra_args: {flag} takes a whole number, got {shown(text)}; fix the value or "
-                        "drop the flag") from None
-
-
 def draft_tokens(speculative: dict[str, object], given: int | None, adaptive: bool = False) -> int | None:
     """The draft tokens a step SGLang 0.5.23 starts with for the SPECULATIVE and ADAPTIVE_OFF flags given,
     --speculative-num-draft-tokens (`given`) and --speculative-adaptive, as _init_adaptive_speculative_params and
@@ -184,20 +178,15 @@ def read(args, env=None) -> dict[str, object]:
     (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
     takes it; UserError in one line for a value SGLang or the planner would refuse, or an OWNED flag."""
     args = [str(a) for a in args]
+    sglang_cli.check(args)   # from here on every flag is SGLang's, whole or a prefix of one alone, with its value
     settings: dict[str, object] = {}
     speculative: dict[str, object] = {}
     for at, word in enumerate(args):
-        if word == "--":           # argparse reads no flag after it
-            break
         name, eq, text = word.partition("=")
         if not (_is_flag(word) and name.startswith("--")):
             continue
         flag = _flag(name)
         if flag is None:
-            longer = [spelling for spelling in FLAGS if spelling.startswith(name)]
-            if longer:  # shorter than the least prefix of each: shared with another flag
-                raise UserError(f"sglang_server_extra_args: SGLang refuses {name} as ambiguous (it starts {longer[0]} "
-                                "and other flags' names); write the whole flag")
             continue
         if flag in OWNED:
             raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "
@@ -208,18 +197,12 @@ def read(args, env=None) -> dict[str, object]:
                             "run SGLang's default candidate steps, which the plan models")
         action = _plan_options().get(flag)
         if flag in ADAPTIVE_OFF or (action is not None and action.nargs == 0):      # a switch
-            if eq:
-                raise UserError(f"sglang_server_extra_args: {flag} is a switch and takes no value, got {word!r}; "
-                                f"write {flag} alone")
             (speculative if flag in ADAPTIVE_OFF else settings)[flag] = True
             continue
         if not eq:
-            if at + 1 == len(args) or _is_flag(args[at + 1]) or args[at + 1] == "--":
-                raise UserError(f"sglang_server_extra_args: {word} needs a value (SGLang refuses it without one); "
-                                "give one or drop the flag")
             text = args[at + 1]
         if flag in SPECULATIVE:
-            speculative[flag] = _speculative_value(flag, text)
+            speculative[flag] = SPECULATIVE[flag](text)   # sglang_cli.check has refused a step or top-k not whole
         else:
             settings[flag] = _value(action, flag, text)
     adaptive = settings.get("--speculative-adaptive", False)

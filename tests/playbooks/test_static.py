@@ -207,8 +207,8 @@ def test_the_plan_takes_what_the_extra_arguments_set():
 
 
 def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_stop_the_run(tmp_path):
-    """One line before anything renders: a value no launch takes, a flag dsaops writes from an inventory variable, or
-    flags the plan models set differently on two nodes (one plan stands for the cluster, and SGLang needs them
+    """One line before anything renders: a value no launch takes, a flag dsaops writes from an inventory variable, a
+    flag SGLang has not got, or flags the plan models set differently on two nodes (one plan stands for the cluster, and SGLang needs them
     alike)."""
     owned = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--max-r=8"]}')
     failed = [line for line in owned.stderr.splitlines() if "FAILED" in line]
@@ -220,6 +220,11 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
     assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]
     assert ("h20-1: sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; "
             "fix the value or drop the flag") in failed[0]
+    typo = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
+    failed = [line for line in typo.stderr.splitlines() if "FAILED" in line]
+    assert typo.returncode != 0 and len(failed) == 1, typo.stderr[-3000:]
+    assert ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag --mem-fraction-statc (did you mean "
+            "--mem-fraction-static?); fix it or drop it") in failed[0]      # the server would stop at startup on it
     path = tmp_path / "mixed.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
         "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n"

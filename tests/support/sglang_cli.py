@@ -1,0 +1,76 @@
+"""SGLang's own launch_server parser (prepare_server_args: ServerArgs.add_cli_args), built from the pinned
+wheel's source, and the flag table dsaops ships from it (dsaops/sglang_flags.json).
+
+Importing `sglang` runs its package __init__, which needs the frontend's dependencies (IPython); the server's
+argument modules need only what the test environment holds, so the package is entered without its __init__.
+
+    python -m tests.support.sglang_cli > dsaops/sglang_flags.json   # from the repository root, after a pin change
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import types
+
+from tests.support.sglang_wheel import sglang_source
+
+
+@functools.cache
+def sglang_parser() -> argparse.ArgumentParser:
+    """Built with the pinned source's modules, which are then taken out of sys.modules again: other tests load
+    patched copies under the same names."""
+    before = {name: module for name, module in sys.modules.items() if name == "sglang" or name.startswith("sglang.")}
+    for name in before:
+        del sys.modules[name]
+    package = types.ModuleType("sglang")
+    package.__path__ = [str(sglang_source() / "sglang")]
+    sys.modules["sglang"] = package
+    try:
+        from sglang.srt.arg_groups.arg_utils import add_cli_args_from_dataclass
+        from sglang.srt.server_args import ServerArgs
+
+        parser = argparse.ArgumentParser(prog="sglang serve")   # as prepare_server_args makes it
+        ServerArgs.add_cli_args(parser)
+        declared = argparse.ArgumentParser()     # the fields alone: choices fixed in the source
+        add_cli_args_from_dataclass(declared, ServerArgs)
+        parser.declared = set(declared._option_string_actions)
+    finally:
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+            del sys.modules[name]
+        sys.modules.update(before)
+    return parser
+
+
+TYPES = {int: "int", float: "float", str: "str"}   # the value types the table names; any other is not checked
+
+
+def _action(action: argparse.Action, declared: set[str]) -> dict:
+    entry = {"names": action.option_strings, "nargs": action.nargs}
+    if action.type in TYPES:
+        entry["type"] = TYPES[action.type]
+    # choices a field declares; those add_cli_args computes when it runs (plugins' parsers, an environment
+    # switch's sampling backend) may differ in the server
+    if isinstance(action.choices, (list, tuple)) and action.option_strings[0] in declared:
+        entry["choices"] = list(action.choices)
+    return entry
+
+
+def flag_table() -> dict:
+    """What dsaops.sglang_cli needs of the parser: each action's option strings, nargs, value type (int, float or
+    str) and fixed choices; help apart."""
+    parser = sglang_parser()
+    help_action = next(a for a in parser._actions if isinstance(a, argparse._HelpAction))
+    return {"help": help_action.option_strings,
+            "actions": [_action(a, parser.declared) for a in parser._actions if a is not help_action]}
+
+
+def table_text(table: dict) -> str:
+    """The table as the file holds it: one action a line, so that a pin change reads as a diff of flags."""
+    actions = ",\n".join("  " + json.dumps(action) for action in table["actions"])
+    return f'{{"help": {json.dumps(table["help"])},\n "actions": [\n{actions}\n]}}\n'
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table_text(flag_table()))
