@@ -1,8 +1,6 @@
 """The planner reads the server's extra arguments and environment as the pinned SGLang reads them."""
-import argparse
 import contextlib
 import dataclasses
-import functools
 import os
 import warnings
 
@@ -12,6 +10,7 @@ from dsaops import plan, plan_extras
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
 from dsaops.plan import PlanRequest
+from tests.support.sglang_cli import sglang_reads
 from tests.support.sglang_definitions import cli_aliases, cli_flags, define, source_file
 
 SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
@@ -79,26 +78,11 @@ def test_the_environment_switch_reads_as_sglangs_envbool():
     assert plan_extras.read([], {"SGLANG_OTHER": "1"}) == {}
 
 
-@functools.cache
-def _sglang_parser() -> argparse.ArgumentParser:
-    """argparse holding every flag of the pinned SGLang, switches where the planner's are."""
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    aliases = cli_aliases()
-    switches = {"--trust-remote-code", "--enable-dp-attention-local-control-broadcast", *TURNS_ADAPTIVE_OFF} | \
-        {f for f, a in plan_extras._plan_options().items() if a.nargs == 0}
-    for flag in cli_flags():
-        if flag not in aliases:
-            names = [flag, *(a for a, f in aliases.items() if f == flag)]
-            parser.add_argument(*names, dest=flag, **({"action": "store_true"} if flag in switches else {}))
-    return parser
-
-
-def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
-    """What SGLang's argparse (_sglang_parser) gives the planner's options for argv."""
-    given = vars(_sglang_parser().parse_args(argv))
+def _as_sglang(argv: list[str]) -> dict[str, object]:
+    """What SGLang's own parser gives the planner's options for argv."""
     planned = set(plan_extras.FLAGS) - set(plan_extras.ALIASES) - set(plan_extras.SPECULATIVE) - \
         set(TURNS_ADAPTIVE_OFF) - {ADAPTIVE_CONFIG}
-    return {flag: given[flag] for flag in planned if given[flag]}
+    return {flag: value for flag, value in sglang_reads(argv).items() if flag in planned}
 
 
 @pytest.mark.parametrize("argv", [
@@ -116,7 +100,7 @@ def _as_sglang(argv: list[str]) -> dict[str, str | bool]:
 def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
     read = plan_extras.read(argv)
     assert read and {flag: str(value) for flag, value in read.items() if value is not True} == \
-        {flag: value for flag, value in _as_sglang(argv).items() if value is not True}
+        {flag: str(value) for flag, value in _as_sglang(argv).items() if value is not True}
     assert {flag for flag, value in read.items() if value is True} == \
         {flag for flag, value in _as_sglang(argv).items() if value is True}
 

@@ -18,9 +18,10 @@ from tests.support.sglang_wheel import sglang_source
 
 
 @functools.cache
-def sglang_parser() -> argparse.ArgumentParser:
-    """Built with the pinned source's modules, which are then taken out of sys.modules again: other tests load
-    patched copies under the same names."""
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, set[str]]:
+    """(SGLang's parser, the same with no defaults, the option strings its fields declare), built with the pinned
+    source's modules, which are then taken out of sys.modules again: other tests load patched copies under the
+    same names."""
     before = {name: module for name, module in sys.modules.items() if name == "sglang" or name.startswith("sglang.")}
     for name in before:
         del sys.modules[name]
@@ -31,16 +32,32 @@ def sglang_parser() -> argparse.ArgumentParser:
         from sglang.srt.arg_groups.arg_utils import add_cli_args_from_dataclass
         from sglang.srt.server_args import ServerArgs
 
-        parser = argparse.ArgumentParser(prog="sglang serve")   # as prepare_server_args makes it
-        ServerArgs.add_cli_args(parser)
+        parser, bare = (argparse.ArgumentParser(prog="sglang serve") for _ in range(2))   # as prepare_server_args
+        for each in (parser, bare):
+            ServerArgs.add_cli_args(each)
+        for action in bare._actions:
+            action.default = argparse.SUPPRESS    # a Namespace of what the arguments give, and nothing else
         declared = argparse.ArgumentParser()     # the fields alone: choices fixed in the source
         add_cli_args_from_dataclass(declared, ServerArgs)
-        parser.declared = set(declared._option_string_actions)
     finally:
         for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
             del sys.modules[name]
         sys.modules.update(before)
-    return parser
+    return parser, bare, set(declared._option_string_actions)
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    """prepare_server_args' parser (ServerArgs.add_cli_args)."""
+    return _parsers()[0]
+
+
+def sglang_reads(argv: list[str]) -> dict[str, object]:
+    """{each flag's first option string: its value} for what argv sets, as SGLang's parser reads it (with the
+    --model-path it requires first, left out of the answer); SystemExit where the parser stops."""
+    bare = _parsers()[1]
+    given = vars(bare.parse_args(["--model-path", "/m", *argv]))
+    return {action.option_strings[0]: given[action.dest] for action in bare._actions
+            if action.dest in given and action.option_strings[0] != "--model-path"}
 
 
 TYPES = {int: "int", float: "float", str: "str"}   # the value types the table names; any other is not checked
@@ -63,7 +80,7 @@ def flag_table() -> dict:
     parser = sglang_parser()
     help_action = next(a for a in parser._actions if isinstance(a, argparse._HelpAction))
     return {"help": help_action.option_strings,
-            "actions": [_action(a, parser.declared) for a in parser._actions if a is not help_action]}
+            "actions": [_action(a, _parsers()[2]) for a in parser._actions if a is not help_action]}
 
 
 def table_text(table: dict) -> str:
