@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 @functools.cache
-def _parser() -> tuple[_Parser, str]:
+def _parser() -> _Parser:
     table = json.loads(TABLE.read_text())
     parser = _Parser(prog="sglang serve", add_help=False)
     parser.add_argument(*table["help"], dest="help", action="store_true")
@@ -40,14 +40,14 @@ def _parser() -> tuple[_Parser, str]:
         else:
             parser.add_argument(*action["names"], dest=f"flag{at}", nargs=action["nargs"],
                                 type=TYPES[action.get("type", "str")], choices=action.get("choices"))
-    return parser, pins.SGLANG   # the table is the pinned SGLang's (tests/dsaops/test_sglang_cli.py)
+    return parser
 
 
 def check(args: list[str], what: str = "sglang_server_extra_args") -> None:
     """UserError in one line where SGLang's parser stops on `args` at startup: a flag it has not got (naming the
     nearest it has), a prefix of several, a value missing, of the wrong type, not among the choices or given to a
     switch, a word no flag takes, or -h."""
-    parser, version = _parser()
+    parser, version = _parser(), pins.SGLANG   # the table is the pinned SGLang's (tests/dsaops/test_sglang_cli.py)
     try:
         given, extra = parser.parse_known_args(args)
     except _Stopped as e:

@@ -109,7 +109,8 @@ def _read_record(record: str | None) -> dict:
 
 
 def check(root: str, files: dict, jobs: int, record: str | None = None, every: bool = False) -> dict:
-    known = {} if every else _read_record(record)
+    recorded = _read_record(record)
+    known = {} if every else recorded
 
     def judge(rel: str) -> tuple[str | None, dict | None, bool]:
         """(what differs or None, the stamp of a match, whether it was hashed)"""
@@ -130,7 +131,7 @@ def check(root: str, files: dict, jobs: int, record: str | None = None, every: b
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         verdicts = dict(zip(files, pool.map(judge, files)))
     matched = {rel: stamp for rel, (_, stamp, _) in sorted(verdicts.items()) if stamp}
-    changed = record is not None and matched != _read_record(record)
+    changed = record is not None and matched != recorded
     if changed:
         _write_json(record, matched)
     return {"changed": changed, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
