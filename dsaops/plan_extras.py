@@ -41,7 +41,7 @@ FLAGS = {
     "--speculative-adaptive-config": "--speculative-adaptive-", "--enable-multi-layer-eagle": "--enable-multi-",
     "--enable-two-batch-overlap": "--enable-tw", "--enable-pdmux": "--enable-pdm",
     "--model-path": "--model-p", "--model": "--model", "--host": "--ho", "--port": "--po", "--ep-size": "--ep-s",
-    "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--no",
+    "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--nod",
     "--dist-init-addr": "--dist-i", "--nccl-init-addr": "--nccl-i", "--nccl-port": "--nccl-p",
 }
 # SGLang's other names for them (srt/arg_groups/fields/*.py aliases)

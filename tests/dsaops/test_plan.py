@@ -12,7 +12,7 @@ from dsaops import kv_budget, kv_layout, model_geometry
 from dsaops import plan as plan_mod
 from dsaops.cli import main
 from tests.support import sglang_definitions
-from tests.support.sglang_definitions import cli_flags
+from tests.support.sglang_cli import cli_flags
 
 GLM = model_geometry.load_preset("glm-5.3-flash")
 GIB = 1 << 30

@@ -10,8 +10,8 @@ from dsaops import plan, plan_extras
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
 from dsaops.plan import PlanRequest
-from tests.support.sglang_cli import sglang_reads
-from tests.support.sglang_definitions import cli_aliases, cli_flags, define, source_file
+from tests.support.sglang_cli import cli_aliases, cli_flags, sglang_reads
+from tests.support.sglang_definitions import define, source_file
 
 SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
 # the switches adaptive_unsupported_reason turns --speculative-adaptive off for (pinned below), and its config file

@@ -18,7 +18,7 @@ import pytest
 
 from dsaops import server_address
 from tests.images.docker_build import REPO
-from tests.support import sglang_definitions
+from tests.support import sglang_cli, sglang_definitions
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
 from tests.support.prerequisites import need
@@ -167,7 +167,7 @@ def test_the_abbreviations_read_are_those_sglang_reads():
     --host, --port or --api-key either means that option to SGLang or is one SGLang refuses as ambiguous."""
     source = sglang_definitions.source_file("srt/server_args.py").read_text()
     assert 'argparse.ArgumentParser(prog="sglang serve")' in source and "allow_abbrev" not in source
-    flags = sglang_definitions.cli_flags()
+    flags = sglang_cli.cli_flags()
     for option, least in server_address.OPTIONS.items():
         for end in range(least, len(option) + 1):
             sharing = {flag for flag in flags if flag.startswith(option[:end])}

@@ -24,7 +24,7 @@ from dsaops.image import image_name
 from dsaops.inventory_checks import UIDS, refusal
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
 from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, fake_kernel, recap
-from tests.support.sglang_definitions import cli_flags
+from tests.support.sglang_cli import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
 MONITORING = yaml.safe_load((PLAYBOOKS / "roles/monitoring/defaults/main.yml").read_text())   # the role's defaults

@@ -14,6 +14,7 @@ import json
 import sys
 import types
 
+from dsaops import sglang_cli
 from tests.support.sglang_wheel import sglang_source
 
 
@@ -60,7 +61,22 @@ def sglang_reads(argv: list[str]) -> dict[str, object]:
             if action.dest in given and action.option_strings[0] != "--model-path"}
 
 
-TYPES = {int: "int", float: "float", str: "str"}   # the value types the table names; any other is not checked
+def cli_flags() -> dict[str, list | None]:
+    """Every option string of SGLang's parser but -h/--help, with its action's choices where it has them."""
+    return {name: None if action.choices is None else list(action.choices)
+            for name, action in sglang_parser()._option_string_actions.items()
+            if not isinstance(action, argparse._HelpAction)}
+
+
+def cli_aliases() -> dict[str, str]:
+    """{alias: the flag it is another name of}: an action's later option strings (a BooleanOptionalAction's
+    --no- spelling sets the opposite: not an alias; -h's --help neither)."""
+    return {alias: action.option_strings[0] for action in sglang_parser()._actions
+            if not isinstance(action, (argparse.BooleanOptionalAction, argparse._HelpAction))
+            for alias in action.option_strings[1:]}
+
+
+TYPES = {kind: name for name, kind in sglang_cli.TYPES.items()}   # the value types the table names
 
 
 def _action(action: argparse.Action, declared: set[str]) -> dict:

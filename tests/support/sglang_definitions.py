@@ -18,6 +18,7 @@ import types
 from functools import lru_cache
 from pathlib import Path
 
+from tests.support.sglang_cli import cli_flags
 from tests.support.sglang_wheel import sglang_source
 
 
@@ -89,43 +90,6 @@ def fake_modules(monkeypatch, modules: dict[str, dict]) -> None:
     """Make `from sglang.x.y import name` inside lifted code find these names."""
     for dotted, names in modules.items():
         monkeypatch.setitem(sys.modules, dotted, types.SimpleNamespace(**names))
-
-
-def _field_flags(root: Path | None = None):
-    """(names, choices) of each field of srt/arg_groups/fields/*.py: its flag first, then its aliases."""
-    for path in source_file("srt/arg_groups/fields", root).glob("*.py"):
-        for node in ast.walk(_tree(path)):
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-                continue
-            names, choices = ["--" + node.target.id.replace("_", "-")], None
-            for call in ast.walk(node.annotation):
-                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Arg":
-                    for kw in call.keywords:
-                        if kw.arg == "cli_name":
-                            names[0] = ast.literal_eval(kw.value)
-                        elif kw.arg == "aliases":
-                            names += ast.literal_eval(kw.value)
-                        elif kw.arg == "choices" and isinstance(kw.value, ast.List):
-                            choices = ast.literal_eval(kw.value)
-            yield names, choices
-
-
-def cli_aliases(root: Path | None = None) -> dict[str, str]:
-    """{alias: the flag it is another name of} for the pinned SGLang's fields."""
-    return {alias: names[0] for names, _ in _field_flags(root) for alias in names[1:]}
-
-
-def cli_flags(root: Path | None = None) -> dict[str, list | None]:
-    """Every launch_server flag the pinned SGLang defines (srt/arg_groups/fields/*.py and the ones
-    server_args.py adds itself), with its choices where they are a literal list."""
-    flags = {}
-    for names, choices in _field_flags(root):
-        flags.update({name: choices for name in names})
-    # The few registered by hand in server_args.py (--config among them)
-    for node in ast.walk(_tree(source_file("srt/server_args.py", root))):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            flags.update({a.value: None for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")})
-    return flags
 
 
 def sglang_module(rel: str, root: Path | None = None):
