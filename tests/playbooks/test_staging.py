@@ -137,6 +137,11 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     # the copy still goes from that node, across the cluster link, not over the controller's connection.
     docker(dockerd["DOCKER_HOST"], "load", stdin=docker(node_engines["node1"], "save", IMAGE).stdout)
     model = fake_checkpoint(roots["node1"] / "srv/models/tiny-glm")
+    linked = model / "model-00002-of-00002.safetensors"   # as in a Hugging Face cache snapshot: a link to its blob
+    blob = roots["node1"] / "srv/blobs/0002"
+    blob.parent.mkdir(parents=True)
+    linked.rename(blob)
+    linked.symlink_to(blob)
     inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": str(model)},
                       node1={"dsaops_docker_host": node_engines["node1"]},
                       node2={"dsaops_docker_host": node_engines["node2"]})
@@ -161,12 +166,29 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     assert "changed: [node2 -> node1(" in first.stdout                         # from node1, over the cluster link
     assert {p.name for p in copy.iterdir()} == {"config.json", "model.safetensors.index.json", *SHARDS}   # no .cache
     assert all(digest(copy / name) == digest(model / name) for name in SHARDS)
+    assert not (copy / linked.name).is_symlink()                            # the blob's bytes, not a dangling link
     log = roots["node1"] / "var/log/dsaops/weights-to-node2.log"
     assert "Number of regular files transferred: 4" in log.read_text()
     keys = authorized.read_text()
-    assert f'from="{sandbox.hosts["node1"]["address"]}",restrict ssh-ed25519 ' in keys
+    gate = roots["node2"] / "etc/dsaops/transfer/gate"
+    assert f'from="{sandbox.hosts["node1"]["address"]}",restrict,command="{gate}" ssh-ed25519 ' in keys
     assert keys.rstrip().endswith("dsaops transfer from node1")
     assert keys.splitlines()[0] == admin and "node9" not in keys          # the node gone from the inventory
+
+    # node1's key, from node1, runs the copies' commands on node2 and nothing else: no shell, no pull, no other folder
+    transfer = roots["node1"] / "etc/dsaops/transfer"
+    key = (f"ssh -F none -i {transfer}/id_ed25519 -o UserKnownHostsFile={transfer}/known_hosts "
+           "-o StrictHostKeyChecking=yes -o BatchMode=yes -l root")
+    node2 = sandbox.hosts["node2"]["address"]
+    owned = tmp_path / "owned"
+    shell = sandbox.ssh("node1", f"{key} {node2} 'touch {owned}'")
+    assert shell.returncode == 2 and f"refused 'touch {owned}': another node's transfer key runs" in shell.stderr
+    assert not owned.exists()
+    pull = sandbox.ssh("node1", f"rsync -r --rsh='{key}' {node2}:{roots['node2']}/root/.ssh/ {tmp_path}/pulled/")
+    assert pull.returncode != 0 and "rsync --sender: only rsync's receiver runs here" in pull.stderr
+    elsewhere = sandbox.ssh("node1", f"rsync -r --rsh='{key}' {model}/config.json {node2}:{roots['node2']}/root/.ssh/")
+    assert elsewhere.returncode != 0 and "rsync writes only into" in elsewhere.stderr
+    assert sorted(p.name for p in (roots["node2"] / "root/.ssh").iterdir()) == ["authorized_keys"]
 
     assert "node2: 4 of 4 file(s) hashed against the manifest." in " ".join(first.stdout.split())
 
