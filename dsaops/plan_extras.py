@@ -2,14 +2,14 @@
 
 The playbooks launch SGLang with sglang_server_extra_args after the flags dsaops writes, so they
 win (dsaops.launch_args), and with sglang_server_extra_env in its environment; the preflight plans
-with what they set (the dsaops_plan_extras and dsaops_plan filters). SGLang parses with argparse's
-defaults (srt/server_args.py prepare_server_args): `--flag value`, `--flag=value`, and any prefix
-that names one flag alone. The arguments are first parsed against SGLang's own flags (dsaops.sglang_cli),
-which refuses what stops SGLang's parser at startup (a flag it has not got, a prefix of several, a value
-missing or extra). Each value of a flag the planner models is then read by the `dsaops plan` option's own
-type and choices; the speculative flags give the draft tokens SGLang runs with (draft_tokens); the values
-of other flags are left to SGLang. A flag dsaops writes from an inventory variable is refused: other
-roles read that variable too (the fence, the probes, the host-memory gate, the selftest).
+with what they set (the dsaops_plan_extras and dsaops_plan filters). The arguments are parsed against
+SGLang's own flags (dsaops.sglang_cli), which refuses what stops SGLang's parser at startup (a flag it
+has not got, a prefix of several, a value missing or extra) and gives each flag's last value by the
+flag's first name, whatever prefix, alias or `--flag=value` spelled it. The planner reads, of those:
+the `dsaops plan` options named as SGLang first names a flag, each value by the option's own type and
+choices; the speculative flags, which give the draft tokens SGLang runs with (draft_tokens); and the
+flags dsaops writes from an inventory variable (OWNED), refused: other roles read that variable too
+(the fence, the probes, the host-memory gate, the selftest). The values of other flags are left to SGLang.
 --speculative-adaptive is planned with SGLang's default candidate steps, and refused where SGLang turns it off
 and runs the static steps, as other speculative flags SGLang ignores are (under attention DP, which the
 inventory sets, dsaops.plan refuses it).
@@ -18,37 +18,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
 
 from dsaops import plan, sglang_cli
 from dsaops.errors import UserError
 from dsaops.plan_input import shown
 
-# SGLang's spellings of the options `dsaops plan` models (srt/arg_groups/fields/*.py; --enable-dp-attention:
-# server_args.py), each with the shortest prefix its argparse takes for that flag alone
-FLAGS = {
-    "--tp-size": "--tp", "--tensor-parallel-size": "--te", "--dp-size": "--dp", "--data-parallel-size": "--da",
-    "--attn-dp-size": "--attn-d", "--attention-data-parallel-size": "--attention-d",
-    "--enable-dp-attention": "--enable-dp-attention",     # also a prefix of --enable-dp-attention-local-control-broadcast
-    "--kv-cache-dtype": "--kv-cac", "--dsa-prefill-backend": "--dsa-pr", "--dsa-decode-backend": "--dsa-d",
-    "--mem-fraction-static": "--mem", "--context-length": "--context-l", "--max-running-requests": "--max-r",
-    "--max-mamba-cache-size": "--max-m", "--mamba-ssm-dtype": "--mamba-s", "--mamba-full-memory-ratio": "--mamba-f",
-    "--mamba-radix-cache-strategy": "--mamba-r", "--disable-radix-cache": "--disable-r",
-    "--disable-overlap-schedule": "--disable-ov", "--mm-feature-transport": "--mm-f",
-    "--speculative-num-draft-tokens": "--speculative-num-d", "--speculative-algorithm": "--speculative-al",
-    "--speculative-num-steps": "--speculative-num-s", "--speculative-eagle-topk": "--speculative-ea",
-    "--speculative-adaptive": "--speculative-adaptive",   # also a prefix of --speculative-adaptive-config
-    "--speculative-adaptive-config": "--speculative-adaptive-", "--enable-multi-layer-eagle": "--enable-multi-",
-    "--enable-two-batch-overlap": "--enable-tw", "--enable-pdmux": "--enable-pdm",
-    "--model-path": "--model-p", "--model": "--model", "--host": "--ho", "--port": "--po", "--ep-size": "--ep-s",
-    "--expert-parallel-size": "--expert-p", "--ep": "--ep", "--nnodes": "--nn", "--node-rank": "--nod",
-    "--dist-init-addr": "--dist-i", "--nccl-init-addr": "--nccl-i", "--nccl-port": "--nccl-p",
-}
-# SGLang's other names for them (srt/arg_groups/fields/*.py aliases)
-ALIASES = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size",
-           "--attention-data-parallel-size": "--attn-dp-size", "--model": "--model-path",
-           "--expert-parallel-size": "--ep-size", "--ep": "--ep-size", "--nccl-init-addr": "--dist-init-addr"}
-# The flags dsaops writes (dsaops.launch_args, from the playbooks), by what the inventory sets them with
+# The flags dsaops writes (dsaops.launch_args, from the playbooks), by what the inventory sets them with; as every
+# flag here, by SGLang's first name for it
 OWNED = {
     "--model-path": "dsaops_model_path", "--host": "dsaops_server_listen_host", "--port": "dsaops_server_port",
     "--tp-size": "dsaops_tp_size", "--attn-dp-size": "dsaops_attn_dp_size", "--enable-dp-attention": "dsaops_attn_dp_size",
@@ -73,8 +49,6 @@ ADAPTIVE_CONFIG = "--speculative-adaptive-config"
 # SGLang's environment switch (srt/environ.py, an EnvBool): the `dsaops plan` switch it amounts to
 ENV = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "--skip-decode-lock"}
 ENV_TRUE, ENV_FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")   # EnvBool.parse, lowercased
-# argparse's _negative_number_matcher: such a word is a value, not a flag (SGLang has no flag like it)
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 @functools.cache
@@ -83,18 +57,6 @@ def _plan_options() -> dict[str, argparse.Action]:
     sub = argparse.ArgumentParser().add_subparsers()
     plan.add_parser(sub)
     return sub.choices["plan"]._option_string_actions
-
-
-def _flag(name: str) -> str | None:
-    """The `dsaops plan` option SGLang's argparse reads `name` as; None for any other flag, or a prefix it
-    refuses as ambiguous."""
-    spelling = next((flag for flag, least in FLAGS.items() if flag.startswith(name) and name.startswith(least)), None)
-    return ALIASES.get(spelling, spelling)
-
-
-def _is_flag(word: str) -> bool:
-    """Whether argparse takes `word` for an option rather than a value (_parse_optional)."""
-    return word.startswith("-") and len(word) > 1 and not _NEGATIVE_NUMBER.match(word) and " " not in word
 
 
 def _value(action: argparse.Action, flag: str, text: str):
@@ -177,34 +139,22 @@ def read(args, env=None) -> dict[str, object]:
     """{`dsaops plan` option or ENV name: value} for what `args` (sglang_server_extra_args) and `env`
     (sglang_server_extra_env) set that the planner models, the last of a flag given twice, as SGLang
     takes it; UserError in one line for a value SGLang or the planner would refuse, or an OWNED flag."""
-    args = [str(a) for a in args]
-    sglang_cli.check(args)   # from here on every flag is SGLang's, whole or a prefix of one alone, with its value
     settings: dict[str, object] = {}
     speculative: dict[str, object] = {}
-    for at, word in enumerate(args):
-        name, eq, text = word.partition("=")
-        if not (_is_flag(word) and name.startswith("--")):
-            continue
-        flag = _flag(name)
-        if flag is None:
-            continue
+    for flag, (spelling, value) in sglang_cli.parse([str(a) for a in args]).items():
         if flag in OWNED:
-            raise UserError(f"sglang_server_extra_args: {name} is written from {OWNED[flag]}, which other roles read "
-                            "too; set that in the inventory and drop the flag")
+            raise UserError(f"sglang_server_extra_args: {spelling} is written from {OWNED[flag]}, which other roles "
+                            "read too; set that in the inventory and drop the flag")
         if flag == ADAPTIVE_CONFIG:
-            raise UserError(f"sglang_server_extra_args: {name} names a file inside the server's container, which the "
-                            "plan cannot read (its candidate steps set the draft tokens SGLang sizes by); drop it to "
-                            "run SGLang's default candidate steps, which the plan models")
-        action = _plan_options().get(flag)
-        if flag in ADAPTIVE_OFF or (action is not None and action.nargs == 0):      # a switch
-            (speculative if flag in ADAPTIVE_OFF else settings)[flag] = True
-            continue
-        if not eq:
-            text = args[at + 1]
-        if flag in SPECULATIVE:
-            speculative[flag] = SPECULATIVE[flag](text)   # sglang_cli.check has refused a step or top-k not whole
-        else:
-            settings[flag] = _value(action, flag, text)
+            raise UserError(f"sglang_server_extra_args: {spelling} names a file inside the server's container, which "
+                            "the plan cannot read (its candidate steps set the draft tokens SGLang sizes by); drop it "
+                            "to run SGLang's default candidate steps, which the plan models")
+        if flag in ADAPTIVE_OFF:
+            speculative[flag] = True
+        elif flag in SPECULATIVE:
+            speculative[flag] = SPECULATIVE[flag](value)   # SGLang's parser has refused a step or top-k not whole
+        elif flag in _plan_options():
+            settings[flag] = value if value is True else _value(_plan_options()[flag], flag, value)
     adaptive = settings.get("--speculative-adaptive", False)
     if speculative or "--speculative-num-draft-tokens" in settings or adaptive:
         draft = draft_tokens(speculative, settings.pop("--speculative-num-draft-tokens", None), adaptive)

@@ -1,9 +1,13 @@
 """The pinned SGLang's launch_server flags as its own parser holds them (sglang_flags.json, written from that parser by
 tests/support/sglang_cli.py, which also checks it against the pinned source), parsed as SGLang parses them at
-startup, so that what would stop the server there is refused in one line before anything renders.
+startup: what would stop the server there is refused in one line before anything renders, and what the arguments
+give is returned by each flag's first name (its action's first option string, as SGLang declares it).
 
-A value is checked against its flag's type where that is int, float or str, and against the choices its field
-declares; the values the planner models are then read by `dsaops plan`'s own options (dsaops.plan_extras).
+argparse resolves the spellings (a prefix of one flag alone, an alias, `--flag=value`, a negative number as a value);
+each flag is one action with its aliases among its option strings, as in SGLang (where only the deprecated
+--monokernel-backend sets another flag's field), so the last given wins whichever spelled it. A value is checked
+against its flag's type where that is int, float or str, and against the choices its field declares, and returned
+as written; the values the planner models are then read by `dsaops plan`'s own options (dsaops.plan_extras).
 """
 from __future__ import annotations
 
@@ -12,12 +16,21 @@ import difflib
 import functools
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from dsaops import pins
 from dsaops.errors import UserError
 
 TABLE = Path(__file__).with_name("sglang_flags.json")
 TYPES = {"int": int, "float": float, "str": str}   # a value of another type is SGLang's to check
+
+
+class Given(NamedTuple):
+    """A flag's last use: the option string argparse matched (the flag or the alias written, in full where a prefix
+    was written) and the words given with it: the one word of a one-value flag, or a list; True for a switch (given:
+    what it sets is SGLang's, a BooleanOptionalAction's --no- spelling turning it off)."""
+    spelling: str
+    value: str | list[str] | bool
 
 
 class _Stopped(Exception):
@@ -28,34 +41,47 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):   # argparse prints the usage and exits: SGLang's server stops there
         raise _Stopped(message)
 
+    def _get_values(self, action, arg_strings):   # checked by type and choices; kept as written for the planner
+        words = list(arg_strings)
+        super()._get_values(action, arg_strings)
+        return words
+
+
+class _Record(argparse.Action):
+    """Keeps the flag's last use under its dest, the flag's first name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = True if self.nargs == 0 else values[0] if self.nargs is None else values
+        setattr(namespace, self.dest, Given(option_string, value))
+
 
 @functools.cache
 def _parser() -> _Parser:
     table = json.loads(TABLE.read_text())
     parser = _Parser(prog="sglang serve", add_help=False)
     parser.add_argument(*table["help"], dest="help", action="store_true")
-    for at, action in enumerate(table["actions"]):
-        if action["nargs"] == 0:    # switches: store_true, BooleanOptionalAction, store_const
-            parser.add_argument(*action["names"], dest=f"flag{at}", action="store_true")
-        else:
-            parser.add_argument(*action["names"], dest=f"flag{at}", nargs=action["nargs"],
-                                type=TYPES[action.get("type", "str")], choices=action.get("choices"))
+    for action in table["actions"]:
+        words = {} if action["nargs"] == 0 else {   # switches (store_true, BooleanOptionalAction, store_const): none
+            "type": TYPES[action.get("type", "str")], "choices": action.get("choices")}
+        parser.add_argument(*action["names"], dest=action["names"][0], action=_Record, nargs=action["nargs"],
+                            default=argparse.SUPPRESS, **words)
     return parser
 
 
-def check(args: list[str], what: str = "sglang_server_extra_args") -> None:
-    """UserError in one line where SGLang's parser stops on `args` at startup: a flag it has not got (naming the
-    nearest it has), a prefix of several, a value missing, of the wrong type, not among the choices or given to a
-    switch, a word no flag takes, or -h."""
+def parse(args: list[str], what: str = "sglang_server_extra_args") -> dict[str, Given]:
+    """{flag's first name: its last use} for `args`, in the order the flags first come; UserError in one line where
+    SGLang's parser stops on them at startup: a flag it has not got (naming the nearest it has), a prefix of several,
+    a value missing, of the wrong type, not among the choices or given to a switch, a word no flag takes, or -h."""
     parser, version = _parser(), pins.SGLANG   # the table is the pinned SGLang's (tests/dsaops/test_sglang_cli.py)
     try:
         given, extra = parser.parse_known_args(args)
     except _Stopped as e:
         raise UserError(f"{what}: SGLang {version} would stop at startup: {e}; fix the flag or drop it") from None
-    if given.help:
+    given = vars(given)
+    if given.pop("help"):
         raise UserError(f"{what}: -h / --help makes SGLang print its help and exit instead of serving; drop it")
     if not extra:
-        return
+        return given
     if extra[0] == "--":    # argparse reads the words after it as positionals, which SGLang's parser has none of
         raise UserError(f"{what}: SGLang {version} would stop at startup on what follows '--' (it takes no words "
                         "there); drop the '--'")

@@ -1,4 +1,5 @@
 """The planner reads the server's extra arguments and environment as the pinned SGLang reads them."""
+import collections
 import contextlib
 import dataclasses
 import os
@@ -6,17 +7,21 @@ import warnings
 
 import pytest
 
-from dsaops import plan, plan_extras
+from dsaops import plan, plan_extras, sglang_cli
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
 from dsaops.plan import PlanRequest
-from tests.support.sglang_cli import cli_aliases, cli_flags, sglang_reads
+from tests.support.sglang_cli import cli_aliases, cli_flags, sglang_parser, sglang_reads
 from tests.support.sglang_definitions import define, source_file
 
 SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
 # the switches adaptive_unsupported_reason turns --speculative-adaptive off for (pinned below), and its config file
 TURNS_ADAPTIVE_OFF = ("--enable-multi-layer-eagle", "--enable-two-batch-overlap", "--enable-pdmux")
 ADAPTIVE_CONFIG = "--speculative-adaptive-config"
+# the `dsaops plan` options read from the extras: those named as SGLang first names a flag, but the inventory's
+PLANNED = {option for option in plan_extras._plan_options()
+           if option in cli_flags() and option not in cli_aliases()} - set(plan_extras.OWNED)
+MODELLED = PLANNED | set(plan_extras.OWNED) | set(plan_extras.SPECULATIVE) | set(TURNS_ADAPTIVE_OFF) | {ADAPTIVE_CONFIG}
 
 
 def test_sglang_parses_with_argparses_abbreviations():
@@ -24,25 +29,34 @@ def test_sglang_parses_with_argparses_abbreviations():
     assert 'argparse.ArgumentParser(prog="sglang serve")' in source and "allow_abbrev" not in source
 
 
-def test_each_spelling_is_sglangs_with_the_shortest_prefix_it_takes_alone():
-    flags = cli_flags()
-    for flag, least in plan_extras.FLAGS.items():
-        assert flag in flags and flag.startswith(least), flag
-        for end in range(len(least), len(flag)):
-            assert {f for f in flags if f.startswith(flag[:end])} == {flag}, flag[:end]
-        assert len({f for f in flags if f.startswith(least[:-1])}) > 1, least   # one shorter is shared
-    aliases = cli_aliases()
-    assert plan_extras.ALIASES == {a: f for a, f in aliases.items() if a in plan_extras.FLAGS}
-    assert {aliases.get(f, f) for f in plan_extras.FLAGS} == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+def test_every_flag_the_planner_models_is_one_sglang_action_by_its_first_name():
+    """The planner reads each flag by the name SGLang's parser lists first (its aliases are the same action's other
+    option strings, so the last given wins whichever spelled it); each is one action of its own dest, and a switch
+    the planner reads as on is a store_true there."""
+    sglang = {action.option_strings[0]: action for action in sglang_parser()._actions}
+    dests = collections.Counter(action.dest for action in sglang_parser()._actions)
+    for flag in MODELLED:
+        assert flag in sglang and dests[sglang[flag].dest] == 1, flag
+    for flag in PLANNED:
+        assert (plan_extras._plan_options()[flag].nargs == 0) == (sglang[flag].nargs == 0), flag
+    switches = {flag for flag in MODELLED if sglang[flag].nargs == 0}
+    assert len(switches) > 5 and all(sglang_reads([flag]) == {flag: True} for flag in switches)
+    # the planner reads a switch given as on: a BooleanOptionalAction's --no- spelling would turn it off in SGLang
+    assert not [flag for flag in switches if any(s.startswith("--no-") for s in sglang[flag].option_strings)]
 
 
 def test_every_plan_option_sglang_takes_is_read_from_the_extra_arguments():
-    """A flag added to `dsaops plan` that SGLang also takes is planned from the extras too, or this fails.
-    `--model` is a preset to the planner, the model path to SGLang."""
-    sglang = cli_flags()
-    planned = {option for option in plan_extras._plan_options() if option in sglang} - {"--model"}
-    read = set(plan_extras.OWNED) | set(plan_extras.SPECULATIVE) | set(TURNS_ADAPTIVE_OFF) | {ADAPTIVE_CONFIG}
-    assert planned | read == set(plan_extras.FLAGS) - set(plan_extras.ALIASES)
+    """A flag added to `dsaops plan` that SGLang also takes is planned from the extras too, or this fails: the planner
+    reads it under SGLang's first name for it. `--model` is a preset to the planner, the model path to SGLang."""
+    options = plan_extras._plan_options()
+    assert {option for option in options if option in cli_aliases()} == {"--model"}
+    speculative = {"--speculative-num-draft-tokens": ["--speculative-algorithm", "DFLASH"],   # as given: not MTP's
+                   "--speculative-adaptive": ["--speculative-algorithm", "NEXTN"]}
+    taken = {option for option in options if option in cli_flags()} - {"--model"} - set(plan_extras.OWNED)
+    for option in taken:
+        value = [] if options[option].nargs == 0 else [options[option].choices[0] if options[option].choices else "2"]
+        assert option in plan_extras.read([*speculative.get(option, []), option, *value]), option
+    assert len(taken) > 10
 
 
 def test_every_flag_dsaops_writes_from_the_inventory_is_refused_in_the_extra_arguments():
@@ -80,9 +94,7 @@ def test_the_environment_switch_reads_as_sglangs_envbool():
 
 def _as_sglang(argv: list[str]) -> dict[str, object]:
     """What SGLang's own parser gives the planner's options for argv."""
-    planned = set(plan_extras.FLAGS) - set(plan_extras.ALIASES) - set(plan_extras.SPECULATIVE) - \
-        set(TURNS_ADAPTIVE_OFF) - {ADAPTIVE_CONFIG}
-    return {flag: value for flag, value in sglang_reads(argv).items() if flag in planned}
+    return {flag: value for flag, value in sglang_reads(argv).items() if flag in PLANNED}
 
 
 @pytest.mark.parametrize("argv", [
@@ -96,6 +108,7 @@ def _as_sglang(argv: list[str]) -> dict[str, object]:
     ["--enable-dp-attention-local-control-broadcast", "--max-mamba-cache-size", "64", "--mamba-f", "0.5"],
     ["--chat-template", "-a b", "--mamba-s", "bfloat16"],
     ["--speculative-adaptive", "--speculative-al", "NEXTN", "--speculative-num-s=5", "--speculative-num-d", "6"],
+    ["--mamba-full-memory-ratio= 0.5"], ["--mamba-f=0.5 ", "--context-length", "8192"],   # float() takes the spaces
 ])
 def test_both_spellings_and_abbreviations_read_as_sglang_reads_them(argv):
     read = plan_extras.read(argv)
@@ -113,20 +126,39 @@ def test_flags_the_planner_does_not_model_are_left_to_sglang(argv):
     assert plan_extras.read(argv) == {}
 
 
-def test_a_prefix_too_short_for_a_planned_flag_is_refused_as_sglang_refuses_it():
-    """Every prefix of a planned flag shorter than the least it is taken by: SGLang's argparse stops on it (shared
-    with another flag, exact flags aside), and so does the preflight, in one line; the least prefix is read."""
-    for flag, least in plan_extras.FLAGS.items():
-        for end in range(3, len(least)):
-            prefix = flag[:end]
-            if prefix in plan_extras.FLAGS:   # --model, --ep: exact flags of their own
-                continue
-            with pytest.raises(SystemExit):
-                _as_sglang([prefix, "1"])
-            with pytest.raises(UserError, match=f"^sglang_server_extra_args: SGLang 0.5.23 would stop at startup: "
-                                                f"ambiguous option: {prefix}(=1)? could match --[a-z0-9-]+, .*; fix the "
-                                                "flag or drop it$"):
-                plan_extras.read(["--trust-remote-code", f"{prefix}=1"])
+def test_every_prefix_of_a_modelled_flag_is_read_as_sglang_reads_it_or_refused_as_it_refuses():
+    """Every prefix of every spelling of a modelled flag, from `--` and one letter, with a value it takes: where
+    SGLang's parser takes it, it is read as the flag SGLang reads it as, under the spelling it matched; where SGLang
+    stops on it (shared with other flags; or another flag's own name, a switch, given a word), so does the preflight,
+    in one line."""
+    actions = {action.option_strings[0]: action for action in sglang_parser()._actions}
+    read = ambiguous = 0
+    for flag in MODELLED:
+        action = actions[flag]
+        value = [] if action.nargs == 0 else [str(action.choices[0]) if action.choices else "1"]
+        for spelling in action.option_strings:
+            for end in range(3, len(spelling) + 1):
+                argv = [spelling[:end], *value]
+                try:
+                    sglang = sglang_reads(argv)
+                except SystemExit:
+                    with pytest.raises(UserError, match="^sglang_server_extra_args: SGLang 0.5.23 would stop at "
+                                                        "startup[^\n]*; (fix the flag or drop it|drop it or give it "
+                                                        "its flag)$"):
+                        plan_extras.read(["--trust-remote-code", *argv])
+                    if argv[0] not in cli_flags():
+                        with pytest.raises(UserError, match=f"^sglang_server_extra_args: SGLang 0.5.23 would stop at "
+                                                            f"startup: ambiguous option: {argv[0]}(=1)? could match "
+                                                            "--[a-z0-9-]+, .*; fix the flag or drop it$"):
+                            plan_extras.read(["--trust-remote-code", f"{argv[0]}=1"])
+                        ambiguous += 1
+                    continue
+                given = sglang_cli.parse(argv)
+                assert set(given) == set(sglang), argv
+                if list(given) == [flag]:   # under the spelling matched: the prefix where it is one (--ep, --model)
+                    assert given[flag].spelling == (argv[0] if argv[0] in action.option_strings else spelling), argv
+                    read += 1
+    assert read > 300 and ambiguous > 200
     assert plan_extras.read(["--context-l", "8192"]) == {"--context-length": 8192}
 
 
@@ -153,15 +185,15 @@ def test_the_last_given_wins_and_maps_to_the_plan_request():
     (["--mm-feature-transport", "cuda_vmm"], ("--mm-feature-transport 'cuda_vmm' is not one `dsaops plan` plans: "
                                               "give one of cpu, cuda_ipc")),
     (["--mamba-ssm-dtype", "fp8"], "invalid choice: 'fp8' (choose from 'float32', 'bfloat16', 'float16')"),
-    (["--tp", "8"], "--tp is written from dsaops_tp_size, which other roles read too; set that in the inventory"),
+    (["--tp", "8"], "--tp-size is written from dsaops_tp_size, which other roles read too; set that in the inventory"),
     (["--tensor-parallel-size=8"], "--tensor-parallel-size is written from dsaops_tp_size"),
-    (["--max-r=8"], "--max-r is written from dsaops_max_running_requests"),
-    (["--mem", "0.7"], "--mem is written from dsaops_mem_fraction_static"),
+    (["--max-r=8"], "--max-running-requests is written from dsaops_max_running_requests"),
+    (["--mem", "0.7"], "--mem-fraction-static is written from dsaops_mem_fraction_static"),
     (["--kv-cache-dtype", "bf16"], "--kv-cache-dtype is written from dsaops_kv_cache_dtype"),
     (["--model", "/x"], "--model is written from dsaops_model_path"),
     (["--ep", "8"], "--ep is written from dsaops_ep_size"),
     (["--host=0.0.0.0"], "--host is written from dsaops_server_listen_host"),
-    (["--po", "8000"], "--po is written from dsaops_server_port"),
+    (["--po", "8000"], "--port is written from dsaops_server_port"),
     (["--nccl-init-addr", "h:1"], "--nccl-init-addr is written from dsaops_cluster_address and dsaops_dist_init_port"),
     (["--enable-dp-attention"], "--enable-dp-attention is written from dsaops_attn_dp_size"),
 ])
@@ -170,6 +202,21 @@ def test_a_bad_value_is_refused_in_one_line(argv, says):
         plan_extras.read(["--trust-remote-code", *argv])
     assert str(refused.value).startswith("sglang_server_extra_args: ") and says in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tp-size=2 "], "--tp-size is written from dsaops_tp_size"),   # int() takes '2 ': SGLang runs TP 2
+    (["--speculative-adaptive", "--speculative-algorithm", "NEXTN",
+      "--speculative-adaptive-c=/models/adaptive steps.json"],
+     "--speculative-adaptive-config names a file inside the server's container"),
+])
+def test_a_flag_whose_value_holds_a_space_is_read_as_the_flag(argv, says):
+    """argparse takes `--flag=value` for the flag whatever the value holds (a word with a space is a value only where
+    no flag is named before an `=`): SGLang starts with it, and the preflight reads it, refusing these."""
+    flag = says.split()[0]
+    assert flag in sglang_reads(argv)
+    with pytest.raises(UserError, match=f"^sglang_server_extra_args: {says}"):
+        plan_extras.read(argv)
 
 
 def test_mtp_draft_tokens_resolve_as_sglangs_handle_eagle_family():

@@ -7,7 +7,7 @@ import pytest
 from dsaops import sglang_cli
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
-from tests.support.sglang_cli import flag_table, sglang_parser, table_text
+from tests.support.sglang_cli import flag_table, sglang_parser, sglang_reads, table_text
 
 MODEL = ["--model-path", "/models/glm"]   # required by SGLang's parser; dsaops always writes it
 
@@ -36,7 +36,7 @@ def sglang_stops(argv: list[str]) -> bool:
 
 def refused(argv: list[str]) -> bool:
     try:
-        sglang_cli.check(argv)
+        sglang_cli.parse(argv)
     except UserError as e:
         assert "\n" not in str(e) and str(e).startswith("sglang_server_extra_args: ")
         return True
@@ -90,12 +90,42 @@ def test_what_sglang_takes_is_not_refused(argv):
     assert not sglang_stops(argv) and not refused(argv)
 
 
+def test_what_is_given_is_named_as_sglangs_parser_names_it():
+    """Every flag alone, with a number, with a word and with `=1`, where SGLang's parser takes it: the flags given, by
+    their first option strings, are those SGLang's parser sets (but the two actions of one field, a deprecated
+    spelling's)."""
+    parser = sglang_parser()
+    shared = {name for action in parser._actions for name in action.option_strings
+              if sum(other.dest == action.dest for other in parser._actions) > 1}
+    cases = [argv for entry in flag_table()["actions"] for name in entry["names"] if name not in shared
+             for argv in ([name], [name, "1"], [name, "x"], [name + "=1"])]
+    taken = [argv for argv in cases if not sglang_stops(argv)]
+    assert len(taken) > 800 and shared == {"--enable-amd-monokernel", "--monokernel-backend"}
+    assert [argv for argv in taken if set(sglang_cli.parse(argv)) != set(sglang_reads(argv))] == []
+
+
+@pytest.mark.parametrize("argv, given", [
+    (["--tp-size", "2", "--tensor-parallel-size", "4"], {"--tp-size": ("--tensor-parallel-size", "4")}),
+    (["--te=2", "--trust-remote-code", "--tp", "4"], {"--tp-size": ("--tp-size", "4"),
+                                                     "--trust-remote-code": ("--trust-remote-code", True)}),
+    (["--max-running-requests= 7", "--context-l", "-5"], {"--max-running-requests": ("--max-running-requests", " 7"),
+                                                          "--context-length": ("--context-length", "-5")}),
+    (["--numa-node", "0", "1", "--no-enable-tf32-matmul"], {"--numa-node": ("--numa-node", ["0", "1"]),
+                                                            "--enable-tf32-matmul": ("--no-enable-tf32-matmul", True)}),
+    ([], {}),
+])
+def test_each_flag_is_given_by_its_first_name_with_its_last_spelling_and_words(argv, given):
+    """The last given wins whichever alias or prefix spelled it, as in SGLang's parser; its words as written."""
+    assert sglang_cli.parse(argv) == given
+    assert sglang_reads(argv).keys() == given.keys()
+
+
 def test_a_flag_sglang_has_not_got_is_named_with_the_nearest_it_has():
     with pytest.raises(UserError, match=r"^sglang_server_extra_args: SGLang 0\.5\.23 has no flag --mem-fraction-statc "
                                         r"\(did you mean --mem-fraction-static\?\); fix it or drop it$"):
-        sglang_cli.check(["--mem-fraction-statc=0.9"])
+        sglang_cli.parse(["--mem-fraction-statc=0.9"])
     with pytest.raises(UserError, match=r"makes SGLang print its help and exit instead of serving"):
-        sglang_cli.check(["--trust-remote-code", "-h"])
+        sglang_cli.parse(["--trust-remote-code", "-h"])
 
 
 def test_every_flag_dsaops_writes_is_one_sglang_takes():

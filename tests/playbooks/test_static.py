@@ -213,8 +213,8 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
     owned = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--max-r=8"]}')
     failed = [line for line in owned.stderr.splitlines() if "FAILED" in line]
     assert owned.returncode != 0 and len(failed) == 1, owned.stderr[-3000:]
-    assert ("h20-1: sglang_server_extra_args: --max-r is written from dsaops_max_running_requests, which other roles "
-            "read too; set that in the inventory and drop the flag") in failed[0]
+    assert ("h20-1: sglang_server_extra_args: --max-running-requests is written from dsaops_max_running_requests, "
+            "which other roles read too; set that in the inventory and drop the flag") in failed[0]
     bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "abc"]}')
     failed = [line for line in bad.stderr.splitlines() if "FAILED" in line]
     assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]

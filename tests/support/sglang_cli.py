@@ -20,9 +20,9 @@ from tests.support.sglang_wheel import sglang_source
 
 @functools.cache
 def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, set[str]]:
-    """(SGLang's parser, the same with no defaults, the option strings its fields declare), built with the pinned
-    source's modules, which are then taken out of sys.modules again: other tests load patched copies under the
-    same names."""
+    """(SGLang's parser, the same with no defaults and nothing required, the option strings its fields declare),
+    built with the pinned source's modules, which are then taken out of sys.modules again: other tests load patched
+    copies under the same names."""
     before = {name: module for name, module in sys.modules.items() if name == "sglang" or name.startswith("sglang.")}
     for name in before:
         del sys.modules[name]
@@ -36,8 +36,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, set[st
         parser, bare = (argparse.ArgumentParser(prog="sglang serve") for _ in range(2))   # as prepare_server_args
         for each in (parser, bare):
             ServerArgs.add_cli_args(each)
-        for action in bare._actions:
-            action.default = argparse.SUPPRESS    # a Namespace of what the arguments give, and nothing else
+        for action in bare._actions:   # a Namespace of what the arguments give, and nothing else
+            action.default, action.required = argparse.SUPPRESS, False
         declared = argparse.ArgumentParser()     # the fields alone: choices fixed in the source
         add_cli_args_from_dataclass(declared, ServerArgs)
     finally:
@@ -53,12 +53,11 @@ def sglang_parser() -> argparse.ArgumentParser:
 
 
 def sglang_reads(argv: list[str]) -> dict[str, object]:
-    """{each flag's first option string: its value} for what argv sets, as SGLang's parser reads it (with the
-    --model-path it requires first, left out of the answer); SystemExit where the parser stops."""
+    """{each flag's first option string: its value} for what argv sets, as SGLang's parser reads it (the
+    --model-path it requires may be left out); SystemExit where the parser stops."""
     bare = _parsers()[1]
-    given = vars(bare.parse_args(["--model-path", "/m", *argv]))
-    return {action.option_strings[0]: given[action.dest] for action in bare._actions
-            if action.dest in given and action.option_strings[0] != "--model-path"}
+    given = vars(bare.parse_args(argv))
+    return {action.option_strings[0]: given[action.dest] for action in bare._actions if action.dest in given}
 
 
 def cli_flags() -> dict[str, list | None]:
