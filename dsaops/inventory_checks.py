@@ -24,6 +24,8 @@ IMAGE_REFERENCE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9
                              r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
 _PATH = re.compile(r"(/[A-Za-z0-9_.+@-]+)+/?|/")
 _HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+# a branch, tag or commit of a Hub repository, as `hf download --revision` and SGLang's --revision take it
+_REVISION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]|/(?!/))*")
 _SECRET = re.compile(r"[\x21-\x7e]*")     # printable ASCII, no space: one word in a file, a header, YAML
 _SIZE = re.compile(r"[0-9]+[bkmg]?", re.IGNORECASE)
 _DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
@@ -149,6 +151,9 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                                                       "'@', '-'")),
     "model": (lambda v: _model_folder(v) or _match(_HF_ID)(v),
               "a Hugging Face id (org/name) or the absolute path of the checkpoint's folder, without a trailing '/'"),
+    "revision": (lambda v: v == "" or (_match(_REVISION)(v) and ".." not in str(v) and not str(v).endswith("/")),
+                 ("empty (the repository's default branch), or a branch, tag or commit of the model's Hub repository: "
+                  "letters, digits, '_', '.', '-', '/'")),
     "secret": (_secret, "empty (generated), or at least 16 printable characters without spaces"),
     "api_key": (_api_key, "empty (generated), or at least 16 printable characters without spaces, not starting with '-'"),
     # the key in use (a *_value variable): empty would start SGLang without one
@@ -196,7 +201,8 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
 VARIABLES: dict[str, str] = {
     "inventory_hostname": "host", "ansible_host": "host",
     "dsaops_target": "name", "dsaops_image": "image", "dsaops_image_registry": "root_or_registry",
-    "dsaops_docker_host": "docker_host", "dsaops_model_path": "model", "dsaops_weights_source_host": "host",
+    "dsaops_docker_host": "docker_host", "dsaops_model_path": "model", "dsaops_model_revision": "revision",
+    "dsaops_weights_source_host": "host",
     "dsaops_weights_dir": "path", "dsaops_gpus_per_node": "positive", "dsaops_tp_size": "positive",
     "dsaops_attn_dp_size": "positive", "dsaops_ep_size": "positive", "dsaops_kv_cache_dtype": "name",
     "dsaops_dsa_prefill_backend": "name", "dsaops_dsa_decode_backend": "name", "dsaops_gpu_memory_gib": "gib",
@@ -276,10 +282,20 @@ def refusal(name: str, value) -> str | None:
 
 
 def refusals(values: Mapping[str, object]) -> list[str]:
-    """One line per refused value, in the table's order, then one per uid two of the containers' users share."""
+    """One line per refused value, in the table's order, then one per uid two of the containers' users share, and
+    one for a revision of a model that is a folder."""
     verdicts = {name: refusal(name, values[name]) for name in (*VARIABLES, *VALUES, *RENAMED) if name in values}
     return [line for line in verdicts.values() if line is not None] + _shared_uids(
-        {name: values[name] for name in UIDS if name in verdicts and verdicts[name] is None and values[name] is not None})
+        {name: values[name] for name in UIDS if name in verdicts and verdicts[name] is None and values[name] is not None}
+    ) + _revision_of_a_folder(values.get("dsaops_model_path"), values.get("dsaops_model_revision"))
+
+
+def _revision_of_a_folder(model, revision) -> list[str]:
+    """A revision names a commit of a Hub repository: a folder's checkpoint is whatever the folder holds."""
+    if revision and _model_folder(model):
+        return [(f"dsaops_model_revision={revision!r} is refused: dsaops_model_path={model!r} is a folder, which has "
+                 "no revision; drop dsaops_model_revision, or set dsaops_model_path to the Hugging Face id.")]
+    return []
 
 
 def _shared_uids(uids: Mapping[str, object]) -> list[str]:

@@ -49,6 +49,7 @@ class NodeSpec:
     node_rank: int = 0
     dist_init_addr: str | None = None    # HOST:PORT of node rank 0
     config_file: str | None = None       # SGLang's --config: a YAML file of flags kept off the command line (keys)
+    model_revision: str | None = None    # a Hub id's branch, tag or commit, for a server that downloads it itself
     extra_args: tuple[str, ...] = field(default_factory=tuple)   # appended last, so they win
 
 
@@ -101,7 +102,10 @@ def cluster_args(spec: ClusterSpec) -> list[str]:
 
 def launch_args(spec: ClusterSpec, node: NodeSpec) -> list[str]:
     """One node's whole `sglang.launch_server` argument list: the cluster's flags, its own, the extras."""
-    out = ["--model-path", node.model_path, "--host", node.host, "--port", str(node.port), *cluster_args(spec)]
+    out = ["--model-path", node.model_path]
+    if node.model_revision:
+        out += ["--revision", node.model_revision]
+    out += ["--host", node.host, "--port", str(node.port), *cluster_args(spec)]
     if spec.nnodes > 1:
         if not node.dist_init_addr:
             raise ValueError(f"a {spec.nnodes}-node deployment needs the dist-init address (HOST:PORT of node rank 0)")

@@ -26,7 +26,8 @@ from dsaops.plan_input import shown
 # The flags dsaops writes (dsaops.launch_args, from the playbooks), by what the inventory sets them with; as every
 # flag here, by SGLang's first name for it
 OWNED = {
-    "--model-path": "dsaops_model_path", "--host": "dsaops_server_listen_host", "--port": "dsaops_server_port",
+    "--model-path": "dsaops_model_path", "--revision": "dsaops_model_revision", "--host": "dsaops_server_listen_host",
+    "--port": "dsaops_server_port",
     "--tp-size": "dsaops_tp_size", "--attn-dp-size": "dsaops_attn_dp_size", "--enable-dp-attention": "dsaops_attn_dp_size",
     "--ep-size": "dsaops_ep_size", "--nnodes": "the dsaops_cluster group", "--node-rank": "the dsaops_workers group",
     "--dist-init-addr": "dsaops_cluster_address and dsaops_dist_init_port", "--nccl-port": "dsaops_dist_init_port",

@@ -78,7 +78,9 @@ def test_a_newline_is_refused_everywhere(name):
     ("host_memory_os_headroom_mib", "262144", 262145), ("host_memory_os_headroom_mib", 1, "-8192"),
     ("monitoring_prometheus_uid", 60580, 0), ("monitoring_alertmanager_uid", "60581", 65534),
     ("monitoring_exporter_uid", 1, "60582x"), ("monitoring_docker_proxy_uid", 65533, 70000),
-    ("monitoring_grafana_uid", 472, True),
+    ("monitoring_grafana_uid", 472, True), ("dsaops_model_revision", "", "v1 --force"),
+    ("dsaops_model_revision", "refs/pr/12", "../main"), ("dsaops_model_revision", "0123abc", "a//b"),
+    ("dsaops_model_revision", "v1.0-rc_2", "main/"), ("dsaops_model_revision", "main", "-main"),
 ])
 def test_each_kind_takes_what_it_should_and_refuses_the_rest(name, good, bad):
     assert refusal(name, good) is None
@@ -101,6 +103,16 @@ def test_a_model_folder_without_a_name_of_its_own_is_refused(path):
     trailing '/' gave /models/ and no --served-model-name, and staged the copy into the folder of every model."""
     assert refusal("dsaops_model_path", path).startswith(f"dsaops_model_path={path!r} is refused")
     assert refusal("dsaops_model_path", path.rstrip("/.") or "/x") is None
+
+
+def test_a_revision_of_a_model_folder_is_refused_in_one_line():
+    """A folder's checkpoint is whatever the folder holds: a revision beside it would be ignored in silence."""
+    folder = {"dsaops_model_path": "/data/models/GLM-5.3-Flash", "dsaops_model_revision": "v1"}
+    assert refusals(folder) == [("dsaops_model_revision='v1' is refused: dsaops_model_path='/data/models/GLM-5.3-Flash' "
+                                 "is a folder, which has no revision; drop dsaops_model_revision, or set "
+                                 "dsaops_model_path to the Hugging Face id.")]
+    assert refusals({**folder, "dsaops_model_revision": ""}) == []
+    assert refusals({**folder, "dsaops_model_path": "zai-org/GLM-5.3-Flash"}) == []
 
 
 def test_two_containers_on_one_uid_are_refused_in_one_line():

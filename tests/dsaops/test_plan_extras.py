@@ -66,7 +66,7 @@ def test_every_flag_dsaops_writes_from_the_inventory_is_refused_in_the_extra_arg
                        nnodes=2, attn_dp_size=8, ep_size=8, mem_fraction_static=0.8, max_running_requests=64,
                        chunked_prefill_size=4096, served_model_name="glm", enable_metrics=True)
     node = NodeSpec(model_path="/m", host="0.0.0.0", port=30000, node_rank=1, dist_init_addr="10.0.0.1:25000",
-                    config_file="/c.yaml")
+                    config_file="/c.yaml", model_revision="v1")
     single = dataclasses.replace(spec, nnodes=1, nccl_port=25000)
     written = {word for word in launch_args(spec, node) + launch_args(single, node) if word.startswith("--")}
     assert written - set(plan_extras.OWNED) == {"--chunked-prefill-size", "--served-model-name", "--enable-metrics",

@@ -1,6 +1,7 @@
 """A stand-in Hugging Face Hub: the model-info API and the file resolves `hf download` reads, over real HTTP.
 
-Serves one folder as the repository `--repo` at one commit: GET /api/models/<repo>[/revision/<rev>] lists its
+Serves one folder as the repository `--repo` at the commit its files make (a changed file is a new commit, which
+every revision names): GET /api/models/<repo>[/revision/<rev>] lists its
 files with their sizes (as the Hub does with ?blobs=true), /api/models/<repo>/tree/<rev> lists them as
 snapshot_download reads them, and HEAD/GET /<repo>/resolve/<rev>/<file> answer with the headers huggingface_hub
 reads (X-Repo-Commit, ETag, Content-Length) and the bytes. With `--token`, every request must carry
@@ -20,8 +21,6 @@ from urllib.parse import unquote, urlsplit
 
 from tests.dsaops.json_http import JsonHandler
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
 
 class Handler(JsonHandler):
     protocol_version = "HTTP/1.1"
@@ -31,6 +30,12 @@ class Handler(JsonHandler):
 
     def _files(self) -> dict[str, Path]:
         return {str(p.relative_to(self.folder)): p for p in sorted(self.folder.rglob("*")) if p.is_file()}
+
+    def _commit(self) -> str:
+        digest = hashlib.sha1()
+        for name, p in self._files().items():
+            digest.update(name.encode() + b"\0" + hashlib.sha1(p.read_bytes()).digest())
+        return digest.hexdigest()
 
     def _allowed(self) -> bool:
         print(self.command, self.path, flush=True)
@@ -52,7 +57,7 @@ class Handler(JsonHandler):
         info = f"/api/models/{self.repo}"
         if path == info or path.startswith(info + "/revision/"):
             siblings = [{"rfilename": name, "size": p.stat().st_size} for name, p in self._files().items()]
-            self.send_json(200, {"id": self.repo, "modelId": self.repo, "sha": COMMIT, "siblings": siblings,
+            self.send_json(200, {"id": self.repo, "modelId": self.repo, "sha": self._commit(), "siblings": siblings,
                                  "private": False, "gated": False, "disabled": False, "tags": []})
             return
         if path.startswith(f"{info}/tree/"):   # snapshot_download's listing (one page: no Link header)
@@ -66,7 +71,7 @@ class Handler(JsonHandler):
             return
         data = file.read_bytes()
         self.send_response(200)
-        self.send_header("X-Repo-Commit", COMMIT)
+        self.send_header("X-Repo-Commit", self._commit())
         self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Content-Type", "application/octet-stream")

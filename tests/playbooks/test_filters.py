@@ -138,3 +138,18 @@ def test_adaptive_steps_in_the_extra_arguments_are_planned_without_attention_dp_
     dp = library.plan({**cluster, "attn_dp_size": "8"}, target="sm_90", nodes=1, extras=read["settings"])
     assert dp == {"plan": None, "error": "SGLang turns --speculative-adaptive off under attention DP (size 8: its step "
                                          "choices are not kept alike across DP ranks) and runs the static steps; drop it"}
+
+
+def test_a_revision_reaches_only_a_server_that_downloads_the_model_itself():
+    """Staged weights are the revision already (the weights role downloaded them at it): their server gets the mount
+    alone; a server that downloads the Hub id at start gets --revision after it; without one, neither does."""
+    cluster = {"tp_size": 8, "attn_dp_size": 1, "ep_size": 1, "kv_cache_dtype": "fp8_e4m3", "dsa_prefill_backend":
+               "tilelang", "dsa_decode_backend": "tilelang", "mem_fraction_static": None, "max_running_requests": None,
+               "dist_init_port": 25000, "server_port": 30000, "model_path": "zai-org/GLM-5.3-Flash",
+               "model_revision": "v1"}
+    node = {"nnodes": 1, "node_rank": 0, "dist_init_addr": "10.0.0.1:25000", "host": "0.0.0.0", "enable_metrics": False,
+            "target": "sm_90"}
+    assert library.sglang_args(cluster, **node)[:4] == ["--model-path", "zai-org/GLM-5.3-Flash", "--revision", "v1"]
+    staged = library.sglang_args(cluster, **node, model_path="/models/GLM-5.3-Flash")
+    assert staged[:2] == ["--model-path", "/models/GLM-5.3-Flash"] and "--revision" not in staged
+    assert "--revision" not in library.sglang_args({**cluster, "model_revision": ""}, **node)

@@ -331,10 +331,11 @@ def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox
 
 
 def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cluster, tmp_path):
-    """node1 downloads a Hugging Face id with this environment's `hf` (weights_hf_cli: not on root's PATH) from a
-    stand-in Hub (weights_hf_endpoint) that demands the token. Into a 1 MiB filesystem the run stops with both
-    numbers, the Hub having answered only the sizing; with room the files arrive with the token from its file, and
-    node2 gets its copy."""
+    """node1 downloads a Hugging Face id at a revision with this environment's `hf` (weights_hf_cli: not on root's
+    PATH) from a stand-in Hub (weights_hf_endpoint) that demands the token. Into a 1 MiB filesystem the run stops with
+    both numbers, the Hub having answered only the sizing; with room the files arrive with the token from its file,
+    and node2 gets its copy. Run again at that revision, nothing is downloaded; at a new one, what changed is
+    downloaded and copied."""
     write, roots = cluster
     repo = tmp_path / "hub"
     repo.mkdir()
@@ -349,9 +350,13 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
                                 "--repo", "org/tiny-glm", "--folder", str(repo), "--token", token, "--bind", address],
                                stdout=log, cwd=Path(__file__).resolve().parents[2])
     assert wait_for(lambda: asked.read_text().strip(), timeout=20)
-    inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": "org/tiny-glm"},
-                      node1={"weights_hf_cli": str(Path(sys.executable).parent / "hf"),
-                             "weights_hf_endpoint": f"http://{address}:{asked.read_text().split()[0]}"})
+    def inventory_at(revision: str) -> Path:
+        return write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": "org/tiny-glm",
+                                   "dsaops_model_revision": revision},
+                     node1={"weights_hf_cli": str(Path(sys.executable).parent / "hf"),
+                            "weights_hf_endpoint": f"http://{address}:{asked.read_text().split()[0]}"})
+
+    inventory = inventory_at("v1")
     models = roots["node1"] / "var/lib/dsaops/models"
     models.mkdir(parents=True)
     assert sandbox.ssh("node1", f"mount -t tmpfs -o size=1m tmpfs {models}").returncode == 0
@@ -375,9 +380,30 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
 
         assert sandbox.ssh("node1", f"mount -o remount,size=8m {models}").returncode == 0
         _ok(sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "weights", env={"HF_TOKEN": token}))
-        for node in ("node1", "node2"):
-            listed = sandbox.ssh(node, f"cd {roots[node]}/var/lib/dsaops/models/tiny-glm && sha256sum {' '.join(SHARDS)}")
-            assert all(f"{digest(repo / name)}  {name}" in listed.stdout for name in SHARDS), (node, listed)
+
+        def copies_hold_the_hub_files() -> None:
+            for node in ("node1", "node2"):
+                listed = sandbox.ssh(node, f"cd {roots[node]}/var/lib/dsaops/models/tiny-glm && sha256sum {' '.join(SHARDS)}")
+                assert all(f"{digest(repo / name)}  {name}" in listed.stdout for name in SHARDS), (node, listed)
+
+        copies_hold_the_hub_files()
+        assert "GET /api/models/org/tiny-glm/revision/v1" in asked.read_text()   # the sizing and the download's
+        manifest = roots["node1"] / "var/lib/dsaops/manifests/tiny-glm.json"
+        assert json.loads(manifest.read_text())["revision"] == "v1"
+
+        fetched = asked.read_text().count("\n")
+        _ok(sandbox.playbook(inventory, tmp_path / "run-same", "--tags", "weights", env={"HF_TOKEN": token}))
+        assert asked.read_text().count("\n") == fetched                          # staged at v1: the Hub is not asked
+
+        shard = repo / "model-00002-of-00002.safetensors"
+        shard.write_bytes(os.urandom(SHARDS[shard.name]))                       # v2 changes a shard
+        _ok(sandbox.playbook(inventory_at("v2"), tmp_path / "run-v2", "--tags", "weights", env={"HF_TOKEN": token}))
+        said = asked.read_text().splitlines()[fetched:]
+        assert any(line.startswith("GET /api/models/org/tiny-glm/revision/v2") for line in said)
+        downloaded = [line for line in said if line.startswith("GET") and "/resolve/" in line]
+        assert len(downloaded) == 1 and downloaded[0].endswith("/" + shard.name), said   # only what v2 changed
+        copies_hold_the_hub_files()
+        assert json.loads(manifest.read_text())["revision"] == "v2"
     finally:
         hub.terminate()
         hub.wait()

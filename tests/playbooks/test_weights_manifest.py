@@ -26,13 +26,13 @@ def run_module(tmp_path, **args) -> dict:
 
 @pytest.fixture
 def copy(tmp_path):
-    """(source manifest, a copy of the source folder as rsync --archive leaves it, the record's path)"""
+    """(source manifest, a copy of the source folder as rsync --times leaves it, the record's path)"""
     source, copied = tmp_path / "source", tmp_path / "copy"
     source.mkdir()
     for name, data in SHARDS.items():
         (source / name).write_bytes(data)
     run_module(tmp_path, path=source, manifest=tmp_path / "manifest.json", mode="write")
-    shutil.copytree(source, copied)   # copy2: the times kept, as rsync --archive keeps them
+    shutil.copytree(source, copied)   # copy2: the times kept, as rsync --times keeps them
     return (tmp_path / "manifest.json").read_text(), copied, tmp_path / "checked.json"
 
 
@@ -100,3 +100,16 @@ def test_an_unreadable_record_hashes_everything_and_is_written_anew(tmp_path, co
     answer = check(tmp_path, copy)
     assert answer["hashed"] == sorted(SHARDS) and answer["mismatched"] == [] and answer["changed"]
     assert check(tmp_path, copy)["hashed"] == []
+
+
+def test_the_manifest_records_the_revision_it_was_written_at(tmp_path, copy):
+    """The role downloads again where the staged revision differs from the inventory's: the manifest must say which
+    one its files are, change when only that changes, and say none when none was given (the default branch)."""
+    manifest = tmp_path / "manifest.json"
+    assert "revision" not in json.loads(manifest.read_text())
+    source = tmp_path / "source"
+    first = run_module(tmp_path, path=source, manifest=manifest, mode="write", revision="v1")
+    assert first["changed"] and first["hashed"] == [] and json.loads(manifest.read_text())["revision"] == "v1"
+    assert not run_module(tmp_path, path=source, manifest=manifest, mode="write", revision="v1")["changed"]
+    assert run_module(tmp_path, path=source, manifest=manifest, mode="write", revision="v2")["changed"]
+    assert json.loads(manifest.read_text())["revision"] == "v2"

@@ -101,7 +101,9 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
         nccl_port=int(cluster["dist_init_port"]) if int(nnodes) == 1 else None)
     node = NodeSpec(model_path=str(model_path or cluster["model_path"]), host=str(host), port=int(cluster["server_port"]),
                     node_rank=int(node_rank), dist_init_addr=str(dist_init_addr),
-                    config_file=str(config_file) if config_file else None, extra_args=tuple(str(a) for a in extra_args))
+                    config_file=str(config_file) if config_file else None, extra_args=tuple(str(a) for a in extra_args),
+                    # staged weights are the revision already: only a server that downloads them asks for it
+                    model_revision=None if model_path else str(cluster.get("model_revision") or "") or None)
     return launch_args(spec, node)
 
 

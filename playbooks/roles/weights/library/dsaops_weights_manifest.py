@@ -36,6 +36,7 @@ options:
   expected: {type: json, description: The source's manifest C(check) and C(room) compare against.}
   mode: {type: str, choices: [write, check, room], default: check, description: What to do.}
   record: {type: path, description: The node's record of the files C(check) found matching.}
+  revision: {type: str, description: The Hub revision C(write) records the files as (the one they were downloaded at).}
   every: {type: bool, default: false, description: C(check) hashes every file, whatever I(record) holds.}
   jobs: {type: int, default: 8, description: Files hashed at once.}
 """
@@ -70,12 +71,13 @@ def _files(root: str) -> dict[str, os.stat_result]:
     return found
 
 
-def write(root: str, manifest: str, jobs: int) -> dict:
+def write(root: str, manifest: str, jobs: int, revision: str | None = None) -> dict:
     try:
         with open(manifest) as f:
-            old = json.load(f).get("files", {})
+            before = json.load(f)
     except (OSError, ValueError):
-        old = {}
+        before = {}
+    old = before.get("files", {})
     stats = _files(root)
     if not stats:
         return {"failed": True, "msg": f"{root} holds no files to serve"}
@@ -86,9 +88,10 @@ def write(root: str, manifest: str, jobs: int) -> dict:
         hashes = dict(zip(todo, pool.map(lambda rel: _sha256(os.path.join(root, rel)), todo)))
     files = {rel: keep.get(rel) or {"size": stats[rel].st_size, "mtime_ns": stats[rel].st_mtime_ns,
                                     "sha256": hashes[rel]} for rel in sorted(stats)}
-    changed = files != old
+    data = {"folder": root, "files": files, **({"revision": revision} if revision else {})}
+    changed = data != before
     if changed:
-        _write_json(manifest, {"folder": root, "files": files})
+        _write_json(manifest, data)
     return {"changed": changed, "files": len(files), "bytes": sum(e["size"] for e in files.values()),
             "hashed": todo}
 
@@ -154,7 +157,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec={
         "path": {"type": "path", "required": True}, "manifest": {"type": "path"}, "expected": {"type": "json"},
         "mode": {"type": "str", "choices": ["write", "check", "room"], "default": "check"},
-        "record": {"type": "path"}, "every": {"type": "bool", "default": False},
+        "record": {"type": "path"}, "every": {"type": "bool", "default": False}, "revision": {"type": "str"},
         "jobs": {"type": "int", "default": 8}}, supports_check_mode=True,
         required_if=[("mode", "write", ["manifest"]), ("mode", "check", ["expected"]), ("mode", "room", ["expected"])])
     p = module.params
@@ -165,7 +168,7 @@ def main() -> None:
     if p["mode"] == "write" and module.check_mode:
         module.exit_json(changed=not os.path.isfile(p["manifest"]), skipped_hashing=True)
     if p["mode"] == "write":
-        result = write(p["path"], p["manifest"], p["jobs"])
+        result = write(p["path"], p["manifest"], p["jobs"], p["revision"])
     else:
         # --check writes no record: it hashes what the record would have spared
         result = check(p["path"], json.loads(p["expected"])["files"], p["jobs"],
