@@ -140,6 +140,12 @@ class Memory:
     rest_gib: float                  # for the mamba state and the KV pool
     mamba_pool_gib: float
     kv_budget_gib: float
+    verify_scratch_gib: float        # --speculative-adaptive's scratch beyond the pools, out of the slack (else 0)
+
+    @property
+    def activation_room_gib(self) -> float:
+        """What prefill activations have beside the pools: the slack less the verify scratch."""
+        return round(self.slack_gib - self.verify_scratch_gib, 3)
 
 
 @dataclass(frozen=True)
@@ -245,9 +251,9 @@ def make_plan(req: PlanRequest) -> Plan:
                     free_after_weights_source=source,
                     slack_gib=round(pre_load * (1 - req.mem_fraction_static), 3),
                     rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
-                    kv_budget_gib=round(kv_gib, 3))
-    unbudgeted = round(mamba.unbudgeted / kv_budget.GIB, 3) if mamba else 0.0
-    outside = memory.slack_gib - unbudgeted   # what activations have beside the pools
+                    kv_budget_gib=round(kv_gib, 3),
+                    verify_scratch_gib=round(mamba.unbudgeted / kv_budget.GIB, 3) if mamba else 0.0)
+    unbudgeted, outside = memory.verify_scratch_gib, memory.activation_room_gib
     chunk = kv_budget.prefill_chunk(target.chunked_prefill_size, outside) if target.chunked_prefill_size else None
     spec = launch_args.ClusterSpec(
         tp_size=par.tp_size, dp_size=par.dp_size, attn_dp_size=par.attn_dp_size, nnodes=req.nodes,
@@ -469,9 +475,10 @@ def render(p: Plan) -> str:
     lines.append(f"running requests {p.max_running_requests_per_dp} per DP rank (requested "
                  f"{p.max_running_requests_requested or 'default'}; binding: {p.binding_limit})")
     if p.prefill_chunk_tokens:
+        room = (f"{m.activation_room_gib:.2f} GiB the verify scratch leaves of the {m.slack_gib:.2f} GiB slack"
+                if m.verify_scratch_gib else f"{m.slack_gib:.2f} GiB slack")
         lines.append(f"prefill chunks   {p.prefill_chunk_tokens:,} tokens at most ({p.target}'s bound; SGLang's "
-                     f"activation estimate {kv_budget.activation_gib(p.prefill_chunk_tokens):.2f} GiB of the "
-                     f"{m.slack_gib:.2f} GiB slack)")
+                     f"activation estimate {kv_budget.activation_gib(p.prefill_chunk_tokens):.2f} GiB of the {room})")
     lines += [f"WARNING: {w}" for w in p.warnings]
     lines += [f"note: {a}" for a in p.assumptions]
     lines.append("sglang args: " + " ".join(p.sglang_args))

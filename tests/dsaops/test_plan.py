@@ -357,8 +357,9 @@ def test_adaptive_steps_size_the_pools_for_the_start_and_the_scratch_for_the_lar
     start = plan([*args, "--speculative-num-draft-tokens", "4"], capsys)
     adaptive = plan([*args, "--speculative-num-draft-tokens", "4", "--speculative-adaptive"], capsys)
     largest = plan([*args, "--speculative-num-draft-tokens", "8"], capsys)
-    for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp", "memory", "max_running_requests_per_dp"):
+    for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp", "max_running_requests_per_dp"):
         assert adaptive[key] == start[key], key
+    assert {**adaptive["memory"], "verify_scratch_gib": 0.0} == start["memory"]   # the scratch is beyond the pools
     for key in ("kv_pool_tokens_per_rank", "mamba_slots_per_dp"):   # SGLang's sizing for 8 from the start: not this
         assert largest[key] != adaptive[key], key
     slot = GLM.mamba_slot_bytes(8)["total"]
@@ -367,6 +368,7 @@ def test_adaptive_steps_size_the_pools_for_the_start_and_the_scratch_for_the_lar
     note = next(a for a in adaptive["assumptions"] if a.startswith("--speculative-adaptive: "))
     assert "the 4 draft tokens it starts with, but the mamba pool keeps its verify scratch for 8" in note
     assert f"about {beyond:.2f} GiB a GPU beyond the pools" in note and 3 < beyond < 4
+    assert adaptive["memory"]["verify_scratch_gib"] == round(beyond, 3)
     assert not any("--speculative-adaptive" in a for a in start["assumptions"])   # negative control
     assert adaptive["sglang_args"] == [*start["sglang_args"], "--speculative-adaptive"]
 
@@ -383,6 +385,13 @@ def test_adaptive_scratch_comes_out_of_the_memory_the_prefill_chunk_is_fitted_to
     assert any("lowered from sm_121's 4096 to 2048" in w for w in adaptive["warnings"])
     starved = plan([*sparks, "--speculative-adaptive", "--mem-fraction-static", "0.99"], capsys)
     assert any(w.startswith("--speculative-adaptive's verify scratch beyond the pools") for w in starved["warnings"])
+    assert adaptive["memory"]["verify_scratch_gib"] == 1.848 and static["memory"]["verify_scratch_gib"] == 0
+    # the text quotes what the chunk was fitted to, as the warnings do
+    assert main(["plan", *sparks, "--speculative-adaptive"]) == 0
+    assert ("prefill chunks   2,048 tokens at most (sm_121's bound; SGLang's activation estimate 3.50 GiB of the "
+            "4.81 GiB the verify scratch leaves of the 6.66 GiB slack)") in capsys.readouterr().out
+    assert main(["plan", *sparks]) == 0
+    assert "of the 6.66 GiB slack)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, says", [
