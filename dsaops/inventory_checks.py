@@ -25,7 +25,8 @@ IMAGE_REFERENCE = re.compile(r"[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9
 _PATH = re.compile(r"(/[A-Za-z0-9_.+@-]+)+/?|/")
 _HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 # a branch, tag or commit of a Hub repository, as `hf download --revision` and SGLang's --revision take it
-_REVISION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]|/(?!/))*")
+# (no '..', and a '/' only between two names)
+_REVISION = re.compile(r"(?!.*\.\.)[A-Za-z0-9](?:[A-Za-z0-9_.-]|/(?=[A-Za-z0-9_.-]))*")
 _SECRET = re.compile(r"[\x21-\x7e]*")     # printable ASCII, no space: one word in a file, a header, YAML
 _SIZE = re.compile(r"[0-9]+[bkmg]?", re.IGNORECASE)
 _DURATION = re.compile(r"([0-9]+(ms|s|m|h))+")
@@ -151,7 +152,7 @@ KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
                                                       "'@', '-'")),
     "model": (lambda v: _model_folder(v) or _match(_HF_ID)(v),
               "a Hugging Face id (org/name) or the absolute path of the checkpoint's folder, without a trailing '/'"),
-    "revision": (lambda v: v == "" or (_match(_REVISION)(v) and ".." not in str(v) and not str(v).endswith("/")),
+    "revision": (lambda v: v == "" or _match(_REVISION)(v),
                  ("empty (the repository's default branch), or a branch, tag or commit of the model's Hub repository: "
                   "letters, digits, '_', '.', '-', '/'")),
     "secret": (_secret, "empty (generated), or at least 16 printable characters without spaces"),

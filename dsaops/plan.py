@@ -253,8 +253,8 @@ def make_plan(req: PlanRequest) -> Plan:
                     rest_gib=round(rest, 3), mamba_pool_gib=round(mamba.bytes / kv_budget.GIB, 3) if mamba else 0.0,
                     kv_budget_gib=round(kv_gib, 3),
                     verify_scratch_gib=round(mamba.unbudgeted / kv_budget.GIB, 3) if mamba else 0.0)
-    unbudgeted, outside = memory.verify_scratch_gib, memory.activation_room_gib
-    chunk = kv_budget.prefill_chunk(target.chunked_prefill_size, outside) if target.chunked_prefill_size else None
+    chunk = (kv_budget.prefill_chunk(target.chunked_prefill_size, memory.activation_room_gib)
+             if target.chunked_prefill_size else None)
     spec = launch_args.ClusterSpec(
         tp_size=par.tp_size, dp_size=par.dp_size, attn_dp_size=par.attn_dp_size, nnodes=req.nodes,
         kv_cache_dtype=kv_dtype, dsa_prefill_backend=backends.prefill, dsa_decode_backend=backends.decode,
@@ -285,9 +285,9 @@ def make_plan(req: PlanRequest) -> Plan:
         parallel=par, memory=memory,
         sglang_args=launch_args.cluster_args(spec),
         warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req)
-        + _prefill_warnings(target, chunk, outside) + _scratch_warnings(unbudgeted, memory.slack_gib),
+        + _prefill_warnings(target, chunk, memory.activation_room_gib) + _scratch_warnings(memory),
         assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else [])
-        + ([_scratch_note(req, scratch_tokens, unbudgeted, memory.slack_gib)] if unbudgeted else []),
+        + ([_scratch_note(req, scratch_tokens, memory)] if memory.verify_scratch_gib else []),
     )
 
 
@@ -436,19 +436,19 @@ def _prefill_warnings(target, chunk: int | None, slack_gib: float) -> list[str]:
     return []
 
 
-def _scratch_note(req: PlanRequest, scratch_tokens: int, unbudgeted_gib: float, slack_gib: float) -> str:
+def _scratch_note(req: PlanRequest, scratch_tokens: int, memory: Memory) -> str:
     return (f"--speculative-adaptive: SGLang sizes the pools for the {req.speculative_num_draft_tokens} draft tokens it "
             f"starts with, but the mamba pool keeps its verify scratch for {scratch_tokens} (the largest candidate step "
-            f"+ 1): about {unbudgeted_gib:.2f} GiB a GPU beyond the pools (a whole state slot a draft token, as SGLang's "
-            f"budget prices it), taken here from the {slack_gib:.2f} GiB left outside them")
+            f"+ 1): about {memory.verify_scratch_gib:.2f} GiB a GPU beyond the pools (a whole state slot a draft token, "
+            f"as SGLang's budget prices it), taken here from the {memory.slack_gib:.2f} GiB left outside them")
 
 
-def _scratch_warnings(unbudgeted_gib: float, slack_gib: float) -> list[str]:
-    if unbudgeted_gib < slack_gib:
+def _scratch_warnings(memory: Memory) -> list[str]:
+    if memory.activation_room_gib > 0:
         return []
-    return [(f"--speculative-adaptive's verify scratch beyond the pools (about {unbudgeted_gib:.2f} GiB a GPU) takes "
-             f"all of the {slack_gib:.2f} GiB left outside them: lower --mem-fraction-static, or drop "
-             "--speculative-adaptive")]
+    return [(f"--speculative-adaptive's verify scratch beyond the pools (about {memory.verify_scratch_gib:.2f} GiB a "
+             f"GPU) takes all of the {memory.slack_gib:.2f} GiB left outside them: lower --mem-fraction-static, or "
+             "drop --speculative-adaptive")]
 
 
 def render(p: Plan) -> str:

@@ -103,7 +103,7 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
                     node_rank=int(node_rank), dist_init_addr=str(dist_init_addr),
                     config_file=str(config_file) if config_file else None, extra_args=tuple(str(a) for a in extra_args),
                     # staged weights are the revision already: only a server that downloads them asks for it
-                    model_revision=None if model_path else str(cluster.get("model_revision") or "") or None)
+                    model_revision=None if model_path else cluster.get("model_revision") or None)
     return launch_args(spec, node)
 
 
