@@ -335,11 +335,12 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
     PATH) from a stand-in Hub (weights_hf_endpoint) that demands the token. Into a 1 MiB filesystem the run stops with
     both numbers, the Hub having answered only the sizing; with room the files arrive with the token from its file,
     and node2 gets its copy. Run again at that revision, nothing is downloaded; at a new one, what changed is
-    downloaded and copied."""
+    downloaded and copied, and a file it dropped is removed on both nodes."""
     write, roots = cluster
     repo = tmp_path / "hub"
-    repo.mkdir()
+    (repo / "original").mkdir(parents=True)
     (repo / "config.json").write_text('{"architectures": ["Glm5NextForConditionalGeneration"]}\n')
+    (repo / "original/params.json").write_text("{}\n")
     for name, size in SHARDS.items():
         (repo / name).write_bytes(os.urandom(size))
     token = f"hf_{os.urandom(8).hex()}"
@@ -366,7 +367,8 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
         text = " ".join(refused.stdout.split())
         assert refused.returncode != 0
         assert re.search(r"node1: the Hub gave no sizes for org/tiny-glm \(\w+Error: [^)]*401[^)]*\), so the download "
-                         r"goes ahead without weighing it against the free space\.", text), text[-3000:]
+                         r"goes ahead without weighing it against the free space, and files an earlier revision had are kept\.",
+                         text), text[-3000:]
         assert "/resolve/" not in asked.read_text()
 
         full = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "weights", env={"HF_TOKEN": token})
@@ -383,8 +385,13 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
 
         def copies_hold_the_hub_files() -> None:
             for node in ("node1", "node2"):
-                listed = sandbox.ssh(node, f"cd {roots[node]}/var/lib/dsaops/models/tiny-glm && sha256sum {' '.join(SHARDS)}")
+                folder = f"{roots[node]}/var/lib/dsaops/models/tiny-glm"
+                listed = sandbox.ssh(node, f"cd {folder} && sha256sum {' '.join(SHARDS)} && find . -path ./.cache -prune "
+                                           "-o -type f -print")
                 assert all(f"{digest(repo / name)}  {name}" in listed.stdout for name in SHARDS), (node, listed)
+                held = {line[2:] for line in listed.stdout.splitlines() if line.startswith("./")}
+                hub = {str(path.relative_to(repo)) for path in repo.rglob("*") if path.is_file()}
+                assert held == hub, (node, held, hub)
 
         copies_hold_the_hub_files()
         assert "GET /api/models/org/tiny-glm/revision/v1" in asked.read_text()   # the sizing and the download's
@@ -397,6 +404,7 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
 
         shard = repo / "model-00002-of-00002.safetensors"
         shard.write_bytes(os.urandom(SHARDS[shard.name]))                       # v2 changes a shard
+        shutil.rmtree(repo / "original")                                         # and drops a folder's file
         _ok(sandbox.playbook(inventory_at("v2"), tmp_path / "run-v2", "--tags", "weights", env={"HF_TOKEN": token}))
         said = asked.read_text().splitlines()[fetched:]
         assert any(line.startswith("GET /api/models/org/tiny-glm/revision/v2") for line in said)

@@ -113,3 +113,73 @@ def test_the_manifest_records_the_revision_it_was_written_at(tmp_path, copy):
     assert not run_module(tmp_path, path=source, manifest=manifest, mode="write", revision="v1")["changed"]
     assert run_module(tmp_path, path=source, manifest=manifest, mode="write", revision="v2")["changed"]
     assert json.loads(manifest.read_text())["revision"] == "v2"
+
+
+@pytest.mark.parametrize("content", [None, "", "{not json", "[1, 2]", '{"folder": "/x"}', '{"files": "all"}'])
+def test_read_finds_no_staging_where_the_manifest_is_missing_or_not_one(tmp_path, content):
+    """The role downloads again where nothing is staged: a torn or foreign file is that, not a template error."""
+    manifest = tmp_path / "manifest.json"
+    if content is not None:
+        manifest.write_text(content)
+    answer = run_module(tmp_path, path=tmp_path, manifest=manifest, mode="read")
+    assert (answer["staged"], answer["revision"], answer["changed"]) == (False, "", False)
+
+
+def test_read_gives_the_revision_a_staging_recorded(tmp_path, copy):
+    manifest = tmp_path / "manifest.json"
+    answer = run_module(tmp_path, path=tmp_path, manifest=manifest, mode="read")
+    assert answer["staged"] and answer["revision"] == ""
+    run_module(tmp_path, path=tmp_path / "source", manifest=manifest, mode="write", revision="v7")
+    assert run_module(tmp_path, path=tmp_path, manifest=manifest, mode="read")["revision"] == "v7"
+
+
+@pytest.fixture
+def staged(tmp_path):
+    """A folder staged at one revision (its manifest written), with a file no staging recorded beside it, and the
+    expected manifest of the next revision, which drops model-2 and original/params.json and adds model-3."""
+    folder, manifest = tmp_path / "models", tmp_path / "manifest.json"
+    (folder / "original").mkdir(parents=True)
+    for name, data in {**SHARDS, "original/params.json": b"{}"}.items():
+        (folder / name).write_bytes(data)
+    run_module(tmp_path, path=folder, manifest=manifest, mode="write")
+    (folder / "notes.txt").write_text("the user's own\n")
+    files = {name: {"size": len(data)} for name, data in SHARDS.items() if name != "model-2.safetensors"}
+    return folder, manifest, json.dumps({"files": {**files, "model-3.safetensors": {"size": 3}}})
+
+
+def test_prune_removes_what_the_last_staging_had_and_the_next_has_not(tmp_path, staged):
+    folder, manifest, expected = staged
+    answer = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune")
+    assert answer["changed"] and answer["removed"] == ["model-2.safetensors", "original/params.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model-1.safetensors", "notes.txt"]
+    kept = json.loads(manifest.read_text())["files"]   # what is left, with the hashes it had
+    assert sorted(kept) == ["config.json", "model-1.safetensors"] and all(e["sha256"] for e in kept.values())
+    again = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune")
+    assert not again["changed"] and again["removed"] == []
+
+
+def test_prune_in_check_mode_only_names_them(tmp_path, staged):
+    folder, manifest, expected = staged
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    answer = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune",
+                        _ansible_check_mode=True)
+    assert answer["changed"] and answer["removed"] == ["model-2.safetensors", "original/params.json"]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before and manifest.exists()
+
+
+def test_prune_leaves_a_name_outside_the_folder_alone(tmp_path, staged):
+    folder, manifest, expected = staged
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x")
+    recorded = json.loads(manifest.read_text())
+    recorded["files"].update({"../outside.bin": {"size": 1}, str(outside): {"size": 1}})
+    manifest.write_text(json.dumps(recorded))
+    answer = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune")
+    assert answer["removed"] == ["model-2.safetensors", "original/params.json"] and outside.exists()
+
+
+def test_prune_without_a_readable_manifest_removes_nothing(tmp_path, staged):
+    folder, manifest, expected = staged
+    manifest.write_text("{torn")
+    answer = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune")
+    assert not answer["changed"] and (folder / "model-2.safetensors").exists()

@@ -7,7 +7,9 @@ is checked by hashing its files against the source's manifest (a bit flip keeps 
 rsync's quick check misses it); a file that matched is recorded with its inode and change time, which
 any write or rename moves (utime cannot set it back), and is not hashed again while they stand and
 the manifest keeps its hash. Before the copy, the receiving node's free space is weighed against what
-it still lacks.
+it still lacks. A node removes the files its last staging recorded that the new one no longer lists (a revision or
+a source that dropped them), and only those: a stale model.safetensors.index.json would send SGLang's loader to
+shards the checkpoint no longer has.
 """
 from __future__ import annotations
 
@@ -30,11 +32,14 @@ description:
     manifest's hash all as recorded) is not hashed again, and the files that match are recorded there.
   - C(room) returns the bytes of the files the I(expected) manifest lists that I(path) lacks (missing, or of
     another size) and the free bytes of I(path)'s filesystem (of its nearest existing folder when it is missing).
+  - C(read) returns whether I(manifest) is a manifest (staged; unreadable or missing is none) and its revision.
+  - C(prune) removes from I(path) the files I(manifest) lists that I(expected) does not, and folders they leave
+    empty, after taking them out of I(manifest); in check mode it only names them.
 options:
   path: {type: path, required: true, description: The checkpoint folder.}
-  manifest: {type: path, description: The manifest (JSON) C(write) writes.}
-  expected: {type: json, description: The source's manifest C(check) and C(room) compare against.}
-  mode: {type: str, choices: [write, check, room], default: check, description: What to do.}
+  manifest: {type: path, description: The manifest (JSON) C(write) writes and C(read) and C(prune) read.}
+  expected: {type: json, description: The source's manifest C(check), C(room) and C(prune) compare against.}
+  mode: {type: str, choices: [write, check, room, read, prune], default: check, description: What to do.}
   record: {type: path, description: The node's record of the files C(check) found matching.}
   revision: {type: str, description: The Hub revision C(write) records the files as (the one they were downloaded at).}
   every: {type: bool, default: false, description: C(check) hashes every file, whatever I(record) holds.}
@@ -71,13 +76,24 @@ def _files(root: str) -> dict[str, os.stat_result]:
     return found
 
 
-def write(root: str, manifest: str, jobs: int, revision: str | None = None) -> dict:
+def _read_json(path: str | None) -> dict:
     try:
-        with open(manifest) as f:
-            before = json.load(f)
-    except (OSError, ValueError):
-        before = {}
-    old = before.get("files", {})
+        with open(path) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else {}
+    except (OSError, TypeError, ValueError):   # none yet, or unreadable: nothing known
+        return {}
+
+
+def _staged(manifest: dict) -> dict:
+    """A read manifest's {name: entry}, or {} where it is not one."""
+    files = manifest.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def write(root: str, manifest: str, jobs: int, revision: str | None = None) -> dict:
+    before = _read_json(manifest)
+    old = _staged(before)
     stats = _files(root)
     if not stats:
         return {"failed": True, "msg": f"{root} holds no files to serve"}
@@ -102,17 +118,8 @@ def _stamp(sha256: str, st: os.stat_result) -> dict:
     return {"sha256": sha256, "stat": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]}
 
 
-def _read_record(record: str | None) -> dict:
-    try:
-        with open(record) as f:
-            found = json.load(f)
-        return found if isinstance(found, dict) else {}
-    except (OSError, TypeError, ValueError):   # none yet, or unreadable: everything is hashed
-        return {}
-
-
 def check(root: str, files: dict, jobs: int, record: str | None = None, every: bool = False) -> dict:
-    recorded = _read_record(record)
+    recorded = _read_json(record)   # none, or unreadable: everything is hashed
     known = {} if every else recorded
 
     def judge(rel: str) -> tuple[str | None, dict | None, bool]:
@@ -153,16 +160,46 @@ def room(root: str, files: dict) -> dict:
     return {"changed": False, "needed": lacking, "free": fs.f_bavail * fs.f_frsize}
 
 
+def read(manifest: str) -> dict:
+    found = _read_json(manifest)
+    staged = bool(_staged(found))
+    return {"changed": False, "staged": staged, "revision": str(found.get("revision") or "") if staged else ""}
+
+
+def prune(root: str, manifest: str, files: dict, dry: bool) -> dict:
+    def inside(rel: str) -> bool:   # a manifest names files under its folder; anything else is left alone
+        return not os.path.isabs(rel) and not os.path.normpath(rel).startswith(os.pardir)
+
+    found = _read_json(manifest)
+    staged = _staged(found)
+    gone = sorted(rel for rel in set(staged) - set(files) if inside(rel) and os.path.isfile(os.path.join(root, rel)))
+    if gone and not dry:
+        # first: the manifest lists no file that is not there, and keeps the hashes of the rest
+        _write_json(manifest, {**found, "files": {rel: e for rel, e in staged.items() if rel not in gone}})
+        for rel in gone:
+            os.remove(os.path.join(root, rel))
+            folder = os.path.dirname(rel)
+            while folder and not os.listdir(os.path.join(root, folder)):
+                os.rmdir(os.path.join(root, folder))
+                folder = os.path.dirname(folder)
+    return {"changed": bool(gone), "removed": gone}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec={
         "path": {"type": "path", "required": True}, "manifest": {"type": "path"}, "expected": {"type": "json"},
-        "mode": {"type": "str", "choices": ["write", "check", "room"], "default": "check"},
+        "mode": {"type": "str", "choices": ["write", "check", "room", "read", "prune"], "default": "check"},
         "record": {"type": "path"}, "every": {"type": "bool", "default": False}, "revision": {"type": "str"},
         "jobs": {"type": "int", "default": 8}}, supports_check_mode=True,
-        required_if=[("mode", "write", ["manifest"]), ("mode", "check", ["expected"]), ("mode", "room", ["expected"])])
+        required_if=[("mode", "write", ["manifest"]), ("mode", "check", ["expected"]), ("mode", "room", ["expected"]),
+                     ("mode", "read", ["manifest"]), ("mode", "prune", ["manifest", "expected"])])
     p = module.params
     if p["mode"] == "room":
         module.exit_json(**room(p["path"], json.loads(p["expected"])["files"]))
+    if p["mode"] == "read":
+        module.exit_json(**read(p["manifest"]))
+    if p["mode"] == "prune":
+        module.exit_json(**prune(p["path"], p["manifest"], json.loads(p["expected"])["files"], module.check_mode))
     if not os.path.isdir(p["path"]):
         module.fail_json(msg=f"{p['path']} is not a folder")
     if p["mode"] == "write" and module.check_mode:
