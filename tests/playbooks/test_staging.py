@@ -459,5 +459,18 @@ def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, t
         assert all(f"{digest(model / name)}  {name}" in listed for name in SHARDS)
         assert json.loads(manifest.read_text()) == json.loads(
             (roots["node1"] / "var/lib/dsaops/manifests/tiny-glm.json").read_text())
+
+        # A shard retrained at its size: rsync writes the new one beside the old, so half a MiB free is too little.
+        shard = model / "model-00002-of-00002.safetensors"
+        shard.write_bytes(os.urandom(SHARDS[shard.name]))
+        assert on_node2(f"mount -o remount,size=$(( $(df --output=used -k {models} | tail -1) + 512 ))k {models}"
+                        ).returncode == 0
+        tight = sandbox.playbook(inventory, tmp_path / "run-tight", "--tags", "weights")
+        assert tight.returncode != 0
+        assert re.search(r"node2: the weights need 1\.00 MB more in /var/lib/dsaops/models/tiny-glm, whose filesystem "
+                         r"has \d+\.\d\d KB free; nothing was copied\.", " ".join(tight.stdout.split())), tight.stdout[-3000:]
+        assert on_node2(f"mount -o remount,size=8m {models}").returncode == 0
+        _ok(sandbox.playbook(inventory, tmp_path / "run-changed", "--tags", "weights"))
+        assert f"{digest(shard)}  {shard.name}" in on_node2(f"cd {models}/tiny-glm && sha256sum {shard.name}").stdout
     finally:
         on_node2(f"umount {models}")

@@ -183,3 +183,21 @@ def test_prune_without_a_readable_manifest_removes_nothing(tmp_path, staged):
     manifest.write_text("{torn")
     answer = run_module(tmp_path, path=folder, manifest=manifest, expected=expected, mode="prune")
     assert not answer["changed"] and (folder / "model-2.safetensors").exists()
+
+
+def test_room_counts_a_file_of_the_same_size_whose_hash_the_node_knows_changed(tmp_path, staged):
+    """A revision that retrains a shard keeps its size; the fetch writes the new file beside the old one, so the
+    room check must count it where the node's manifest shows other contents, and only there."""
+    folder, manifest, _ = staged
+    hashes = {rel: e["sha256"] for rel, e in json.loads(manifest.read_text())["files"].items()}
+    changed = {"model-1.safetensors": {"size": len(SHARDS["model-1.safetensors"]), "sha256": "0" * 64},
+               "model-2.safetensors": {"size": len(SHARDS["model-2.safetensors"]), "sha256": hashes["model-2.safetensors"]},
+               "config.json": {"size": len(SHARDS["config.json"])}}
+
+    def needed(**args) -> int:
+        return run_module(tmp_path, path=folder, expected=json.dumps({"files": changed}), mode="room", **args)["needed"]
+
+    assert needed(manifest=manifest) == len(SHARDS["model-1.safetensors"])
+    assert needed() == 0                                    # no manifest: a file at its size counts as there
+    manifest.write_text("{torn")
+    assert needed(manifest=manifest) == 0

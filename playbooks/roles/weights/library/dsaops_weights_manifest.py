@@ -30,14 +30,15 @@ description:
   - C(check) hashes the files the I(expected) manifest lists under I(path) and returns those missing or different;
     with I(record), a file unchanged since it last matched (size, mtime, change time, inode, device and the
     manifest's hash all as recorded) is not hashed again, and the files that match are recorded there.
-  - C(room) returns the bytes of the files the I(expected) manifest lists that I(path) lacks (missing, or of
-    another size) and the free bytes of I(path)'s filesystem (of its nearest existing folder when it is missing).
+  - C(room) returns the bytes of the files the I(expected) manifest lists that I(path) lacks (missing, of another
+    size, or with another sha256 than the node's I(manifest) records) and the free bytes of I(path)'s filesystem
+    (of its nearest existing folder when it is missing).
   - C(read) returns whether I(manifest) is a manifest (staged; unreadable or missing is none) and its revision.
   - C(prune) removes from I(path) the files I(manifest) lists that I(expected) does not, and folders they leave
     empty, after taking them out of I(manifest); in check mode it only names them.
 options:
   path: {type: path, required: true, description: The checkpoint folder.}
-  manifest: {type: path, description: The manifest (JSON) C(write) writes and C(read) and C(prune) read.}
+  manifest: {type: path, description: The node's manifest (JSON), which C(write) writes and the others read.}
   expected: {type: json, description: The source's manifest C(check), C(room) and C(prune) compare against.}
   mode: {type: str, choices: [write, check, room, read, prune], default: check, description: What to do.}
   record: {type: path, description: The node's record of the files C(check) found matching.}
@@ -149,10 +150,19 @@ def check(root: str, files: dict, jobs: int, record: str | None = None, every: b
             "hashed": sorted(rel for rel, (_, _, hashed) in verdicts.items() if hashed)}
 
 
-def room(root: str, files: dict) -> dict:
-    # rsync writes each file it copies whole beside the old one (or its partial) before the rename
-    lacking = sum(e["size"] for rel, e in files.items()
-                  if not os.path.isfile(path := os.path.join(root, rel)) or os.path.getsize(path) != e["size"])
+def room(root: str, files: dict, manifest: str | None = None) -> dict:
+    known = _staged(_read_json(manifest))
+
+    def lacks(rel: str, entry: dict) -> bool:
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path) or os.path.getsize(path) != entry["size"]:
+            return True
+        # the same size, but the node's manifest hashed other contents (a shard retrained at its size)
+        return "sha256" in entry and rel in known and known[rel].get("sha256") != entry["sha256"]
+
+    # rsync writes each file it copies whole beside the old one (or its partial) before the rename; hf download,
+    # which deletes an outdated file first, is weighed without I(manifest)
+    lacking = sum(entry["size"] for rel, entry in files.items() if lacks(rel, entry))
     existing = root
     while not os.path.isdir(existing):     # --check: the folder is not made yet
         existing = os.path.dirname(existing)
@@ -195,7 +205,7 @@ def main() -> None:
                      ("mode", "read", ["manifest"]), ("mode", "prune", ["manifest", "expected"])])
     p = module.params
     if p["mode"] == "room":
-        module.exit_json(**room(p["path"], json.loads(p["expected"])["files"]))
+        module.exit_json(**room(p["path"], json.loads(p["expected"])["files"], p["manifest"]))
     if p["mode"] == "read":
         module.exit_json(**read(p["manifest"]))
     if p["mode"] == "prune":
