@@ -285,7 +285,7 @@ def make_plan(req: PlanRequest) -> Plan:
         parallel=par, memory=memory,
         sglang_args=launch_args.cluster_args(spec),
         warnings=_warnings(req, par, conc, tokens, context, backends, mamba, slots_per_req)
-        + _prefill_warnings(target, chunk, memory.activation_room_gib) + _scratch_warnings(memory),
+        + _prefill_warnings(target, chunk, memory) + _scratch_warnings(memory),
         assumptions=assumptions + ([DRAFT_NOTE] if req.speculative_num_draft_tokens else [])
         + ([_scratch_note(req, scratch_tokens, memory)] if memory.verify_scratch_gib else []),
     )
@@ -422,17 +422,18 @@ def _warnings(req: PlanRequest, par: Parallel, conc, tokens, context, backends, 
     return out
 
 
-def _prefill_warnings(target, chunk: int | None, slack_gib: float) -> list[str]:
+def _prefill_warnings(target, chunk: int | None, memory: Memory) -> list[str]:
+    room = memory.activation_room_gib   # what the chunk was fitted to
     if chunk is None:
         return []
-    if kv_budget.activation_gib(chunk) > slack_gib:
-        return [(f"the memory left outside the pools ({slack_gib:.2f} GiB a GPU) is less than SGLang's own activation "
-                f"estimate for a {chunk}-token prefill chunk ({kv_budget.activation_gib(chunk):.2f} GiB): a long "
-                "prompt can exhaust memory; lower --mem-fraction-static")]
+    if kv_budget.activation_gib(chunk) > room:
+        return [(f"the memory left for activations outside the pools ({room:.2f} GiB a GPU) is less than SGLang's own "
+                 f"activation estimate for a {chunk}-token prefill chunk ({kv_budget.activation_gib(chunk):.2f} GiB): "
+                 "a long prompt can exhaust memory; lower --mem-fraction-static")]
     if chunk < target.chunked_prefill_size:
         return [(f"prefill chunks lowered from {target.name}'s {target.chunked_prefill_size} to {chunk} tokens "
-                f"(--chunked-prefill-size) to fit SGLang's activation estimate in the {slack_gib:.2f} GiB left outside "
-                "the pools; lower --mem-fraction-static to keep longer chunks")]
+                f"(--chunked-prefill-size) to fit SGLang's activation estimate in the {room:.2f} GiB left for "
+                "activations outside the pools; lower --mem-fraction-static to keep longer chunks")]
     return []
 
 

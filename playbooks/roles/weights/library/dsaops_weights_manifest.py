@@ -161,7 +161,7 @@ def room(root: str, files: dict, manifest: str | None = None) -> dict:
         return "sha256" in entry and rel in known and known[rel].get("sha256") != entry["sha256"]
 
     # rsync writes each file it copies whole beside the old one (or its partial) before the rename; hf download,
-    # which deletes an outdated file first, is weighed without I(manifest)
+    # which deletes an outdated file first, is weighed without a manifest
     lacking = sum(entry["size"] for rel, entry in files.items() if lacks(rel, entry))
     existing = root
     while not os.path.isdir(existing):     # --check: the folder is not made yet
