@@ -5,9 +5,10 @@ give is returned by each flag's first name (its action's first option string, as
 
 argparse resolves the spellings (a prefix of one flag alone, an alias, `--flag=value`, a negative number as a value);
 each flag is one action with its aliases among its option strings, as in SGLang (where only the deprecated
---monokernel-backend sets another flag's field), so the last given wins whichever spelled it. A value is checked
-against its flag's type where that is int, float or str, and against the choices its field declares, and returned
-as written; the values the planner models are then read by `dsaops plan`'s own options (dsaops.plan_extras).
+--monokernel-backend sets another flag's field), so the last given wins whichever spelled it. Every value given, not
+only the last, is checked against its flag's type where that is int, float, str or SGLang's sizes with a suffix
+(human_readable_int), and against the choices its field declares; it is returned as written, a size as the whole
+number SGLang reads; the values the planner models are then read by `dsaops plan`'s own options (dsaops.plan_extras).
 """
 from __future__ import annotations
 
@@ -15,20 +16,48 @@ import argparse
 import difflib
 import functools
 import json
+import re
+from decimal import Decimal
 from pathlib import Path
 from typing import NamedTuple
 
 from dsaops import pins
 from dsaops.errors import UserError
+from dsaops.plan_input import shown
 
 TABLE = Path(__file__).with_name("sglang_flags.json")
-TYPES = {"int": int, "float": float, "str": str}   # a value of another type is SGLang's to check
+SI, IEC = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}, {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+
+
+def human_readable_int(text: str) -> int:
+    """A size as SGLang 0.5.23's type of that name reads it (--context-length, --max-total-tokens): a whole number as
+    int() takes it, or digits with a case-sensitive SI suffix (decimals allowed: 25.6k) or IEC suffix (1Ki)."""
+    text = text.strip()
+    if m := SIZE.fullmatch(text):
+        number, suffix = m.groups()
+        if suffix in IEC:
+            if "." in number:
+                si = "k" if suffix == "Ki" else suffix[0]
+                raise argparse.ArgumentTypeError(f"{shown(text)} has a decimal with an IEC suffix; write a whole "
+                                                 f"number before {suffix}, or the SI suffix {si}")
+            return int(number) * IEC[suffix]
+        return int(Decimal(number) * SI[suffix])
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a whole number, nor one with a suffix (SI: 25.6k, 1M; "
+                                         "IEC: 1Ki, 1Mi; case-sensitive)") from None
+
+
+TYPES = {"int": int, "float": float, "str": str, "human_readable_int": human_readable_int}   # others: SGLang's to check
 
 
 class Given(NamedTuple):
     """A flag's last use: the option string argparse matched (the flag or the alias written, in full where a prefix
-    was written) and the words given with it: the one word of a one-value flag, or a list; True for a switch (given:
-    what it sets is SGLang's, a BooleanOptionalAction's --no- spelling turning it off)."""
+    was written) and the words given with it: the one word of a one-value flag (a size as the number it stands for),
+    or a list; True for a switch (given: what it sets is SGLang's, a BooleanOptionalAction's --no- spelling turning it
+    off)."""
     spelling: str
     value: str | list[str] | bool
 
@@ -43,8 +72,8 @@ class _Parser(argparse.ArgumentParser):
 
     def _get_values(self, action, arg_strings):   # checked by type and choices; kept as written for the planner
         words = list(arg_strings)
-        super()._get_values(action, arg_strings)
-        return words
+        value = super()._get_values(action, arg_strings)
+        return [str(value)] if action.type is human_readable_int else words   # the planner reads no suffix
 
 
 class _Record(argparse.Action):

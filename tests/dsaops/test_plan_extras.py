@@ -160,6 +160,8 @@ def test_every_prefix_of_a_modelled_flag_is_read_as_sglang_reads_it_or_refused_a
                     read += 1
     assert read > 300 and ambiguous > 200
     assert plan_extras.read(["--context-l", "8192"]) == {"--context-length": 8192}
+    assert plan_extras.read(["--context-length", "128k"]) == {"--context-length": 128_000}   # SGLang reads sizes
+    assert plan_extras.read(["--context-length", "8Ki"]) == {"--context-length": 8192}
 
 
 def test_the_last_given_wins_and_maps_to_the_plan_request():
@@ -175,7 +177,7 @@ def test_the_last_given_wins_and_maps_to_the_plan_request():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--context-length", "abc"], "--context-length must be a whole number from 1 to 2147483647, got 'abc'"),
+    (["--context-length", "3Gi"], "--context-length must be a whole number from 1 to 2147483647, got '3221225472'"),
     (["--context-l=-5"], "--context-length must be a whole number from 1 to 2147483647, got '-5'"),
     (["--context-length", "-5"], "--context-length must be a whole number"),     # a negative number is a value
     (["--context-length"], "SGLang 0.5.23 would stop at startup: argument --context-length: expected one argument"),
@@ -184,6 +186,7 @@ def test_the_last_given_wins_and_maps_to_the_plan_request():
     (["--disable-radix-cache=1"], "argument --disable-radix-cache: ignored explicit argument '1'"),
     (["--mm-feature-transport", "cuda_vmm"], ("--mm-feature-transport 'cuda_vmm' is not one `dsaops plan` plans: "
                                               "give one of cpu, cuda_ipc")),
+    (["--context-length", "abc", "--context-length", "8192"], "argument --context-length: 'abc' is not a whole number"),
     (["--mamba-ssm-dtype", "fp8"], "invalid choice: 'fp8' (choose from 'float32', 'bfloat16', 'float16')"),
     (["--tp", "8"], "--tp-size is written from dsaops_tp_size, which other roles read too; set that in the inventory"),
     (["--tensor-parallel-size=8"], "--tensor-parallel-size is written from dsaops_tp_size"),

@@ -1,4 +1,5 @@
 """dsaops.sglang_cli stops where the pinned SGLang's own launch_server parser stops, and nowhere else."""
+import argparse
 import contextlib
 import io
 
@@ -7,7 +8,7 @@ import pytest
 from dsaops import sglang_cli
 from dsaops.errors import UserError
 from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
-from tests.support.sglang_cli import flag_table, sglang_parser, sglang_reads, table_text
+from tests.support.sglang_cli import flag_table, sglang_parser, sglang_reads, table_text, type_name
 
 MODEL = ["--model-path", "/models/glm"]   # required by SGLang's parser; dsaops always writes it
 
@@ -52,12 +53,12 @@ def test_the_table_is_the_pinned_sglangs_parser():
 def test_every_flag_alone_and_with_a_value_is_judged_as_sglang_judges_it():
     """Every option string (switches, one-value flags, lists, optional values, BooleanOptionalAction's --no-
     spellings, aliases) alone, with a number, with a word and with `=1`: never refused where SGLang's parser
-    takes it, and refused wherever it stops, but for a value whose type or choices SGLang computes (json, sizes
-    such as 32k, plugins' parsers), which is left to SGLang."""
+    takes it, and refused wherever it stops, but for a value whose type or choices SGLang computes with its
+    other functions (json, plugins' parsers), which is left to SGLang."""
     parser = sglang_parser()
     recorded = {name: entry for entry in flag_table()["actions"] for name in entry["names"]}
     unchecked = {name for action in parser._actions for name in action.option_strings
-                 if action.type not in (None, int, float, str)
+                 if (action.type is not None and not type_name(action))
                  or (action.choices is not None and "choices" not in recorded.get(name, {"choices": 0}))}
     cases = [argv for name in recorded for argv in ([name], [name, "1"], [name, "x"], [name + "=1"])]
     assert len(cases) > 2000 and len(unchecked) < 40
@@ -76,6 +77,7 @@ def test_every_flag_alone_and_with_a_value_is_judged_as_sglang_judges_it():
     ["-a b"], ["-h"], ["--hel"], ["--help"], ["--chat-template", "--trust-remote-code"], ["8192"],
     ["--enable-metrics", "--enable-metrics=yes"], ["--no-enable-tf32-matmul=0"], ["--attention-backend", "flashmla_sprase"],
     ["--tp-size", "two"], ["--mem-fraction-static=0,9"],
+    ["--context-length", "abc", "--context-length", "8192"], ["--max-total-tokens", "1.5Ki"], ["--context-len", "32K"],
 ])
 def test_what_stops_sglang_is_refused(argv):
     assert sglang_stops(argv) and refused(argv)
@@ -85,6 +87,7 @@ def test_what_stops_sglang_is_refused(argv):
     [], ["--max-running-requests", "-5"], ["--chat-template", "-a b"], ["--context-l=8192"], ["--numa-node", "0", "1"],
     ["--lora-paths"], ["--no-enable-tf32-matmul"], ["--tensor-parallel-size", "2", "--tp", "4"],
     ["--trust-remote-code", "--chat-template=x.jinja", "--enable-metrics"],
+    ["--context-length", "32k", "--max-prefill-tokens=16Ki"], ["--context-bucket", " 25.6k "],
 ])
 def test_what_sglang_takes_is_not_refused(argv):
     assert not sglang_stops(argv) and not refused(argv)
@@ -102,6 +105,25 @@ def test_what_is_given_is_named_as_sglangs_parser_names_it():
     taken = [argv for argv in cases if not sglang_stops(argv)]
     assert len(taken) > 800 and shared == {"--enable-amd-monokernel", "--monokernel-backend"}
     assert [argv for argv in taken if set(sglang_cli.parse(argv)) != set(sglang_reads(argv))] == []
+
+
+def test_sizes_read_as_sglangs_human_readable_int_reads_them():
+    """The flags SGLang types as sizes read as its own function reads them, or are refused where it refuses; what
+    the planner gets is the number."""
+    sizes = [a for a in sglang_parser()._actions if type_name(a) == "human_readable_int"]
+    sglang = sizes[0].type
+    assert {a.option_strings[0] for a in sizes} >= {"--context-length", "--max-total-tokens"}
+    assert sglang is not sglang_cli.human_readable_int and sglang.__module__.startswith("sglang.")
+    for text in ["8192", " 8192 ", "-5", "0", "1_000", "\u0663", "32k", "25.6k", "1.5M", "2G", "1T", "1Ki", "16Mi",
+                 "1Gi", "2Ti", "1.5Ki", "1K", "32KB", "k", "1.k", "1e3", "8.0", "abc", "", "0.5k", "1.23456k"]:
+        try:
+            theirs = sglang(text)
+        except argparse.ArgumentTypeError:
+            with pytest.raises(argparse.ArgumentTypeError):
+                sglang_cli.human_readable_int(text)
+            continue
+        assert sglang_cli.human_readable_int(text) == theirs, text
+    assert sglang_cli.parse(["--context-length", "128k"]) == {"--context-length": ("--context-length", "128000")}
 
 
 @pytest.mark.parametrize("argv, given", [

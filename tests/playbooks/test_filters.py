@@ -121,9 +121,10 @@ def test_the_extra_arguments_win_over_the_inventory_in_the_plan():
     assert extra["context_length"] == 8192 != inventory["context_length"]
     assert (inventory["mamba_slots_source"], extra["mamba_slots_source"]) == ("auto", "--max-running-requests")
     assert "--context-length 8192" in " ".join(extra["sglang_args"])
-    assert library.extras(["--context-length", "abc"]) == {"settings": None, "error": (
-        "sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; fix the "
+    assert library.extras(["--context-length", "0"]) == {"settings": None, "error": (
+        "sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got '0'; fix the "
         "value or drop the flag")}
+    assert library.extras(["--context-length", "128k"])["settings"] == {"--context-length": 128_000}
 
 
 def test_adaptive_steps_in_the_extra_arguments_are_planned_without_attention_dp_only():

@@ -215,10 +215,10 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
     assert owned.returncode != 0 and len(failed) == 1, owned.stderr[-3000:]
     assert ("h20-1: sglang_server_extra_args: --max-running-requests is written from dsaops_max_running_requests, "
             "which other roles read too; set that in the inventory and drop the flag") in failed[0]
-    bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "abc"]}')
+    bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "0"]}')
     failed = [line for line in bad.stderr.splitlines() if "FAILED" in line]
     assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]
-    assert ("h20-1: sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got 'abc'; "
+    assert ("h20-1: sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got '0'; "
             "fix the value or drop the flag") in failed[0]
     typo = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
     failed = [line for line in typo.stderr.splitlines() if "FAILED" in line]

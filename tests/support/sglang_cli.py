@@ -75,13 +75,17 @@ def cli_aliases() -> dict[str, str]:
             for alias in action.option_strings[1:]}
 
 
-TYPES = {kind: name for name, kind in sglang_cli.TYPES.items()}   # the value types the table names
+def type_name(action: argparse.Action) -> str | None:
+    """The name dsaops.sglang_cli.TYPES has the action's value type under (SGLang's own function by its name:
+    human_readable_int), or None where that type is SGLang's alone to check."""
+    name = getattr(action.type, "__name__", None)
+    return name if name in sglang_cli.TYPES else None
 
 
 def _action(action: argparse.Action, declared: set[str]) -> dict:
     entry = {"names": action.option_strings, "nargs": action.nargs}
-    if action.type in TYPES:
-        entry["type"] = TYPES[action.type]
+    if type_name(action):
+        entry["type"] = type_name(action)
     # choices a field declares; those add_cli_args computes when it runs (plugins' parsers, an environment
     # switch's sampling backend) may differ in the server
     if isinstance(action.choices, (list, tuple)) and action.option_strings[0] in declared:
@@ -90,8 +94,8 @@ def _action(action: argparse.Action, declared: set[str]) -> dict:
 
 
 def flag_table() -> dict:
-    """What dsaops.sglang_cli needs of the parser: each action's option strings, nargs, value type (int, float or
-    str) and fixed choices; help apart."""
+    """What dsaops.sglang_cli needs of the parser: each action's option strings, nargs, value type (int, float, str
+    or human_readable_int) and fixed choices; help apart."""
     parser = sglang_parser()
     help_action = next(a for a in parser._actions if isinstance(a, argparse._HelpAction))
     return {"help": help_action.option_strings,
