@@ -37,8 +37,19 @@ setup: $(SETUP_STAMP) ## dsaops and ansible-playbook in .venv; then `. .venv/bin
 
 venv: $(STAMP) ## create or refresh the test environment (.venv with the test tools; make test does it)
 
+# Without PYTEST_ARGS, two runs: the playbook tests, half the suite's time and most of it Ansible's own work
+# a task over SSH, on two workers (pytest-xdist, each with its own sandbox hosts); then the rest on one, where
+# processes die and time out on purpose with nothing else competing for the CPU. PYTEST_ARGS: one run with them.
+PLAYBOOK_WORKERS ?= 2
 test: $(STAMP) ## run the CPU test suite (what CI runs)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	status=0; \
+	$(PY) -m pytest -m "not gpu" -n $(PLAYBOOK_WORKERS) tests/playbooks || status=$$?; \
+	$(PY) -m pytest -m "not gpu" --ignore=tests/playbooks || status=$$?; \
+	exit $$status
+else
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+endif
 
 lint: $(STAMP) ## ruff over the Python code
 	$(VENV)/bin/ruff check .
