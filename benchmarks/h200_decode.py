@@ -29,7 +29,8 @@ to FILE.partial after each, FILE replaced when the run ends):
             kernels of the cases grid)
   cases     H x S grid: dsaops rotated and same-input, SGLang fp8 and bf16, FlashMLA, errors, host
   accuracy  the three data kinds: dsaops, dsaops fed an e4m3-rounded q, FlashMLA, fp32 references
-  short     short contexts at H=64: 300 / 1024 / 2048 valid top-k rows, -1 tails (and topk_length)
+  short     short contexts at H=64: 300 / 1024 / 2048 valid top-k rows, -1 tails (and topk_length);
+            --short-batches and --short-valid take others, e.g. the time against valid rows a split
   sweep     dsaops over S (H=64; fewer points at 16 and 32): us and % of roofline, and the PNG
   proxy     sm_121's tiles built for sm_90a without wgmma, against SGLang's fp8 kernel (a proxy on
             the H200, not a GB10 figure), and the GB10 memory floor (273 GB/s)
@@ -628,6 +629,9 @@ def parse_args(argv):
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel compile processes")
     p.add_argument("--heads", type=int, nargs="+")
     p.add_argument("--batches", type=int, nargs="+")
+    p.add_argument("--short-batches", type=int, nargs="+", metavar="S", help=f"short section's S (default {SHORT_BATCHES})")
+    p.add_argument("--short-valid", type=int, nargs="+", metavar="N",
+                   help=f"short section's valid rows of {TOPK} (default {SHORT_VALID[:-1]}; all {TOPK} always run)")
     p.add_argument("--tiles", nargs="*", default=[],
                    help="extra tiles to time as heads:rows:stages:threads[:vr] (printed, not in the JSON)")
     args = p.parse_args(argv)
@@ -636,7 +640,8 @@ def parse_args(argv):
     if unknown:
         raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
     args.sections = [s for s in SECTIONS if s in args.sections and s not in args.skip]
-    for flag, values, most in (("--heads", args.heads, HEADS_MOST), ("--batches", args.batches, BATCH_MOST)):
+    for flag, values, most in (("--heads", args.heads, HEADS_MOST), ("--batches", args.batches, BATCH_MOST),
+                               ("--short-batches", args.short_batches, BATCH_MOST), ("--short-valid", args.short_valid, TOPK)):
         bad = [v for v in values or () if not 1 <= v <= most]
         if bad:
             raise UserError(f"{flag} {bad[0]}: give whole numbers from 1 to {most}")
@@ -646,7 +651,8 @@ def parse_args(argv):
     args.heads = args.heads or list(grid["heads"])
     args.batches = args.batches or list(grid["batches"])
     args.accuracy_heads, args.accuracy_batch = grid["accuracy_heads"], grid["accuracy_batch"]
-    args.short_batches, args.short_valid, args.sweep = grid["short_batches"], SHORT_VALID, grid["sweep"]
+    args.short_batches = args.short_batches or list(grid["short_batches"])
+    args.short_valid, args.sweep = args.short_valid or list(SHORT_VALID), grid["sweep"]
     if args.dry_run:
         args.out = args.out or os.path.join(tempfile.gettempdir(), "h200-decode.dry-run.json")
         if os.path.realpath(args.out) == os.path.realpath(RESULTS):

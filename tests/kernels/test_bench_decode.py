@@ -79,6 +79,14 @@ def test_dry_run_writes_every_section_with_fake_timings_marked(tmp_path, capsys,
     assert any(t.verdict(r)[0] is not None for t in report.DECODE_TARGETS)
 
 
+def test_the_short_section_runs_the_contexts_and_batches_asked_for(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert bench.main(["--dry-run", "--sections", "short", "--short-batches", "1", "3", "--short-valid", "128", "1",
+                       "--out", str(out)]) == 0
+    short = json.loads(out.read_text())["short_context"]
+    assert [(s["S"], s["valid"]) for s in short] == [(S, v) for S in (1, 3) for v in (2048, 128, 1)]
+
+
 def test_report_renders_a_dry_run_under_the_names_the_benchmark_writes(tmp_path, small):
     out, page = tmp_path / "r.json", tmp_path / "r.md"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
@@ -131,6 +139,8 @@ def test_the_committed_results_are_measured_ones():
     (["--dry-run", "--sections", "cases", "--batches", "0"], "--batches 0"),
     (["--dry-run", "--sections", "cases", "--heads", "16", "-4"], "--heads -4"),
     (["--dry-run", "--sections", "cases", "--heads", "2000"], "--heads 2000"),
+    (["--dry-run", "--sections", "short", "--short-valid", "2049"], "--short-valid 2049"),
+    (["--dry-run", "--sections", "short", "--short-batches", "0"], "--short-batches 0"),
     (["--dry-run", "--sections", "cases", "--tiles", "64:x"], "--tiles '64:x'"),
     (["--dry-run", "--sections", "cases", "--tiles", "64:128:2:256:v"], "--tiles '64:128:2:256:v'"),
 ])
