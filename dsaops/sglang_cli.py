@@ -7,8 +7,9 @@ argparse resolves the spellings (a prefix of one flag alone, an alias, `--flag=v
 each flag is one action with its aliases among its option strings, as in SGLang (where only the deprecated
 --monokernel-backend sets another flag's field), so the last given wins whichever spelled it. Every value given, not
 only the last, is checked against its flag's type where that is int, float, str or SGLang's sizes with a suffix
-(human_readable_int), and against the choices its field declares; it is returned as written, a size as the whole
-number SGLang reads; the values the planner models are then read by `dsaops plan`'s own options (dsaops.plan_extras).
+(human_readable_int), and against the choices its field declares; it is returned as written, a whole number (an int
+or a size) as the number SGLang reads; the values the planner models are then read by `dsaops plan`'s own options
+(dsaops.plan_extras).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ TYPES = {"int": int, "float": float, "str": str, "human_readable_int": human_rea
 
 class Given(NamedTuple):
     """A flag's last use: the option string argparse matched (the flag or the alias written, in full where a prefix
-    was written) and the words given with it: the one word of a one-value flag (a size as the number it stands for),
+    was written) and the words given with it: the one word of a one-value flag (a whole number as SGLang reads it),
     or a list; True for a switch (given: what it sets is SGLang's, a BooleanOptionalAction's --no- spelling turning it
     off)."""
     spelling: str
@@ -73,7 +74,9 @@ class _Parser(argparse.ArgumentParser):
     def _get_values(self, action, arg_strings):   # checked by type and choices; kept as written for the planner
         words = list(arg_strings)
         value = super()._get_values(action, arg_strings)
-        return [str(value)] if action.type is human_readable_int else words   # the planner reads no suffix
+        if action.nargs is None and action.type in (int, human_readable_int):
+            return [str(value)]   # the number SGLang reads ('+7', ' 7', '1_000', 128k): the planner reads no other form
+        return words
 
 
 class _Record(argparse.Action):

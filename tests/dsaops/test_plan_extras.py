@@ -162,6 +162,9 @@ def test_every_prefix_of_a_modelled_flag_is_read_as_sglang_reads_it_or_refused_a
     assert plan_extras.read(["--context-l", "8192"]) == {"--context-length": 8192}
     assert plan_extras.read(["--context-length", "128k"]) == {"--context-length": 128_000}   # SGLang reads sizes
     assert plan_extras.read(["--context-length", "8Ki"]) == {"--context-length": 8192}
+    # int() reads these for SGLang; the planner's own type takes ASCII digits alone, so it gets the number
+    assert plan_extras.read(["--max-mamba-cache-size", "+1_000", "--dp-size= 4"]) == {"--max-mamba-cache-size": 1000,
+                                                                                      "--dp-size": 4}
 
 
 def test_the_last_given_wins_and_maps_to_the_plan_request():

@@ -130,14 +130,15 @@ def test_sizes_read_as_sglangs_human_readable_int_reads_them():
     (["--tp-size", "2", "--tensor-parallel-size", "4"], {"--tp-size": ("--tensor-parallel-size", "4")}),
     (["--te=2", "--trust-remote-code", "--tp", "4"], {"--tp-size": ("--tp-size", "4"),
                                                      "--trust-remote-code": ("--trust-remote-code", True)}),
-    (["--max-running-requests= 7", "--context-l", "-5"], {"--max-running-requests": ("--max-running-requests", " 7"),
+    (["--max-running-requests= 7", "--context-l", "-5"], {"--max-running-requests": ("--max-running-requests", "7"),
                                                           "--context-length": ("--context-length", "-5")}),
     (["--numa-node", "0", "1", "--no-enable-tf32-matmul"], {"--numa-node": ("--numa-node", ["0", "1"]),
                                                             "--enable-tf32-matmul": ("--no-enable-tf32-matmul", True)}),
     ([], {}),
 ])
 def test_each_flag_is_given_by_its_first_name_with_its_last_spelling_and_words(argv, given):
-    """The last given wins whichever alias or prefix spelled it, as in SGLang's parser; its words as written."""
+    """The last given wins whichever alias or prefix spelled it, as in SGLang's parser; its words as written, a whole
+    number as SGLang reads it."""
     assert sglang_cli.parse(argv) == given
     assert sglang_reads(argv).keys() == given.keys()
 
