@@ -41,14 +41,15 @@ venv: $(STAMP) ## create or refresh the test environment (.venv with the test to
 # a task over SSH, on two workers (pytest-xdist, each with its own sandbox hosts); then the rest on one, where
 # processes die and time out on purpose with nothing else competing for the CPU. PYTEST_ARGS: one run with them.
 PLAYBOOK_WORKERS ?= 2
+CPU_TESTS := $(PY) -m pytest -m "not gpu"
 test: $(STAMP) ## run the CPU test suite (what CI runs)
 ifeq ($(strip $(PYTEST_ARGS)),)
 	status=0; \
-	$(PY) -m pytest -m "not gpu" -n $(PLAYBOOK_WORKERS) tests/playbooks || status=$$?; \
-	$(PY) -m pytest -m "not gpu" --ignore=tests/playbooks || status=$$?; \
+	$(CPU_TESTS) -n $(PLAYBOOK_WORKERS) tests/playbooks || status=$$?; \
+	$(CPU_TESTS) --ignore=tests/playbooks || status=$$?; \
 	exit $$status
 else
-	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+	$(CPU_TESTS) $(PYTEST_ARGS)
 endif
 
 lint: $(STAMP) ## ruff over the Python code

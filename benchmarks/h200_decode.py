@@ -652,7 +652,8 @@ def parse_args(argv):
     args.batches = args.batches or list(grid["batches"])
     args.accuracy_heads, args.accuracy_batch = grid["accuracy_heads"], grid["accuracy_batch"]
     args.short_batches = args.short_batches or list(grid["short_batches"])
-    args.short_valid, args.sweep = args.short_valid or list(SHORT_VALID), grid["sweep"]
+    args.short_valid = args.short_valid or list(SHORT_VALID)
+    args.sweep = grid["sweep"]
     if args.dry_run:
         args.out = args.out or os.path.join(tempfile.gettempdir(), "h200-decode.dry-run.json")
         if os.path.realpath(args.out) == os.path.realpath(RESULTS):

@@ -423,12 +423,12 @@ def _warnings(req: PlanRequest, par: Parallel, conc, tokens, context, backends, 
 
 
 def _prefill_warnings(target, chunk: int | None, memory: Memory) -> list[str]:
-    room = memory.activation_room_gib   # what the chunk was fitted to
     if chunk is None:
         return []
-    if kv_budget.activation_gib(chunk) > room:
+    room, need = memory.activation_room_gib, kv_budget.activation_gib(chunk)   # the room is what the chunk was fitted to
+    if need > room:
         return [(f"the memory left for activations outside the pools ({room:.2f} GiB a GPU) is less than SGLang's own "
-                 f"activation estimate for a {chunk}-token prefill chunk ({kv_budget.activation_gib(chunk):.2f} GiB): "
+                 f"activation estimate for a {chunk}-token prefill chunk ({need:.2f} GiB): "
                  "a long prompt can exhaust memory; lower --mem-fraction-static")]
     if chunk < target.chunked_prefill_size:
         return [(f"prefill chunks lowered from {target.name}'s {target.chunked_prefill_size} to {chunk} tokens "

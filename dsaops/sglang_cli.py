@@ -28,7 +28,7 @@ from dsaops.plan_input import shown
 
 TABLE = Path(__file__).with_name("sglang_flags.json")
 SI, IEC = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}, {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)")
+SIZE = re.compile(rf"(\d+(?:\.\d+)?)({'|'.join([*IEC, *SI])})")
 
 
 def human_readable_int(text: str) -> int:
@@ -71,11 +71,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):   # argparse prints the usage and exits: SGLang's server stops there
         raise _Stopped(message)
 
-    def _get_values(self, action, arg_strings):   # checked by type and choices; kept as written for the planner
+    def _get_values(self, action, arg_strings):   # checked by type and choices; words kept for the planner
         words = list(arg_strings)
         value = super()._get_values(action, arg_strings)
         if action.nargs is None and action.type in (int, human_readable_int):
-            return [str(value)]   # the number SGLang reads ('+7', ' 7', '1_000', 128k): the planner reads no other form
+            words = [str(value)]   # the number SGLang reads ('+7', ' 7', '1_000', 128k): the planner reads no other form
         return words
 
 

@@ -84,8 +84,8 @@ def type_name(action: argparse.Action) -> str | None:
 
 def _action(action: argparse.Action, declared: set[str]) -> dict:
     entry = {"names": action.option_strings, "nargs": action.nargs}
-    if type_name(action):
-        entry["type"] = type_name(action)
+    if name := type_name(action):
+        entry["type"] = name
     # choices a field declares; those add_cli_args computes when it runs (plugins' parsers, an environment
     # switch's sampling backend) may differ in the server
     if isinstance(action.choices, (list, tuple)) and action.option_strings[0] in declared:
