@@ -93,14 +93,13 @@ SWEEP = {64: (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 100, 128, 160, 192, 256, 320, 
          16: (1, 4, 8, 16, 32, 64, 100, 128, 192, 256, 512),
          32: (1, 4, 8, 16, 32, 64, 100, 128, 192, 256, 512)}
 GB10_BYTES_S = 273e9  # GB10's LPDDR5X
-ROW_BYTES = D_V + 4   # a top-k row read: its fp8 values and its int32 id
 SECTIONS = ("compile", "cases", "accuracy", "short", "sweep", "proxy", "kvcopy")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "h200-decode.json")
 PROXY_TARGET = "sm_121@sm_90a"  # decode.kernel_target: GB10's tiles on a Hopper
 PROXY_LABEL = "sm_121 tiles built for sm_90a without wgmma, timed on the H200: a proxy, not a GB10 figure"
 METHOD = {
     "timing": "GPU us a call, median of CUDA-graph replays; *_us of every kernel rotated: input sets cycled so that "
-              ">= 256 MiB of other rows and ids are read between two calls of one set (cold L2); same_input_us: one "
+              ">= 256 MiB of other q, row ids and rows are read between two calls of one set (cold L2); same_input_us: one "
               "set replayed (warm L2)",
     "data": "pool of 1,048,576 rows, KV N(0, 0.5^2) with channels 0-7 x8 (outlier channels), q N(0, 1); top-k 2048 "
             "distinct random rows a query; d 512, sm_scale 512^-0.5",
@@ -353,7 +352,7 @@ class Run:
         import torch
         from dsaops.kernels import accuracy, timing
 
-        n = timing.rotation_count(S * valid * ROW_BYTES, self.rotate_bytes) * S
+        n = timing.rotation_count(call_bytes(S, H, valid), self.rotate_bytes) * S
         have = 0 if self._idx is None else self._idx.shape[0]
         if have < n:
             more = accuracy.random_indices(n - have, self.slots, TOPK, self.g, self.device)
@@ -395,6 +394,12 @@ def _flashmla_case(run, S, H, sets):
     padded = [fm.pad(q) for q, _ in sets]
     us = run.timer.rotated([functools.partial(fm, p, pages, idx, SM_SCALE) for p, (_, idx) in zip(padded, sets)])
     return us, fm(padded[0], pages, sets[0][1], SM_SCALE)
+
+
+def call_bytes(S, H, valid=TOPK):
+    """The bytes one call reads from HBM: q, every top-k row id (-1 or not) and the valid rows. Counted
+    by the rows alone, a rotation of 1 valid row a query at S = 16 took 32,769 input sets (38 GB)."""
+    return S * (H * D_V * 2 + TOPK * 4 + valid * D_V)
 
 
 def roofline_us(S, H, copy_tb_s, fp8_tflops, valid=TOPK):

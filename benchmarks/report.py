@@ -199,8 +199,8 @@ median moves with the host's neighbours. Which tile runs each case: kernels/READ
 SAME_INPUT = """\
 Every kernel's time here (dsaops', FlashMLA's, SGLang's, and the short-context, sweep and proxy
 sections') is over rotated inputs: the graph cycles through sets of q and row ids such that at
-least 256 MiB of other rows and ids are read between two calls of one set, so no call finds its
-rows in L2, as none does in a server's decode. The same-input column replays one set (its rows stay
+least 256 MiB of other q, row ids and rows are read between two calls of one set, so no call finds
+its rows in L2, as none does in a server's decode. The same-input column replays one set (its rows stay
 in L2)."""
 
 FLASHMLA = """\

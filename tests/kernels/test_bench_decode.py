@@ -87,6 +87,18 @@ def test_the_short_section_runs_the_contexts_and_batches_asked_for(tmp_path, cap
     assert [(s["S"], s["valid"]) for s in short] == [(S, v) for S in (1, 3) for v in (2048, 128, 1)]
 
 
+@pytest.mark.parametrize("S", [1, 16, 64, 128])
+def test_the_rotation_of_any_short_context_fits_an_80_gb_card(S):
+    """A call's bytes count q and every row id, not the valid rows alone: 1 valid row a query at S = 16
+    took 32,769 input sets, 38 GB of q and ids, and ran an H100 out of memory."""
+    from dsaops.kernels import timing
+
+    for valid in (1, *bench.SHORT_VALID):
+        queries = timing.rotation_count(bench.call_bytes(S, bench.SHORT_HEADS, valid)) * S
+        held = queries * (bench.SHORT_HEADS * bench.D_V * 2 + 2 * bench.TOPK * 4)   # q, the ids and their -1 copy
+        assert held < 1 << 30, (S, valid, queries)
+
+
 def test_report_renders_a_dry_run_under_the_names_the_benchmark_writes(tmp_path, small):
     out, page = tmp_path / "r.json", tmp_path / "r.md"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
