@@ -347,8 +347,8 @@ def test_gb10_prestart_drops_caches_when_memfree_is_low(sandbox, cluster, tmp_pa
 
 def test_a_cluster_shrunk_to_one_node_drops_the_other_nodes_transfer_key(sandbox, cluster, tmp_path):
     """node1 authorized node2's transfer key when they were two; alone in the inventory, node1 keeps its admin's key
-    and makes no key of its own (no node to copy to), and node2's root login from its cluster address is gone. (Kept
-    while node2 is in the cluster: test_staging's two-node copy.)"""
+    and makes no key of its own (no node to copy to), and node2's root login from its cluster address is gone. (Which
+    keys a node of two keeps: test_staging's two-node copy.)"""
     write, roots = cluster
     authorized = roots["node1"] / "root/.ssh/authorized_keys"
     authorized.parent.mkdir(parents=True)

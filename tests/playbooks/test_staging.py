@@ -153,6 +153,11 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     admin = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAdminKeyOfTheNode admin@workstation"
     authorized.write_text(f'{admin}\nfrom="10.0.0.99",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGone dsaops '
                           'transfer from node9\n')
+    # node1, the source of both copies, still authorizes node2's key, as every node once authorized every other's
+    authorized_on_node1 = roots["node1"] / "root/.ssh/authorized_keys"
+    authorized_on_node1.parent.mkdir(parents=True)
+    authorized_on_node1.write_text('from="10.0.0.98",restrict ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld dsaops transfer '
+                                   'from node2\n')
 
     checked = sandbox.playbook(inventory, tmp_path / "run-check", "--tags", "image,weights", "--check", env=controller)
     _ok(checked)
@@ -189,6 +194,12 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     elsewhere = sandbox.ssh("node1", f"rsync -r --rsh='{key}' {model}/config.json {node2}:{roots['node2']}/root/.ssh/")
     assert elsewhere.returncode != 0 and "rsync writes only into" in elsewhere.stderr
     assert sorted(p.name for p in (roots["node2"] / "root/.ssh").iterdir()) == ["authorized_keys"]
+    # node2 copies to no node: its key gets into none
+    assert authorized_on_node1.read_text() == ""
+    transfer2 = roots["node2"] / "etc/dsaops/transfer"
+    key2 = key.replace(str(transfer), str(transfer2))
+    into_node1 = sandbox.ssh("node2", f"{key2} {sandbox.hosts['node1']['address']} 'docker load'")
+    assert into_node1.returncode == 255 and "Permission denied" in into_node1.stderr, into_node1
 
     assert "node2: 4 of 4 file(s) hashed against the manifest." in " ".join(first.stdout.split())
 
@@ -211,6 +222,14 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     assert "node2: 1 of 4 file(s) hashed against the manifest;" in said      # the write moved its change time
     assert "node2: 1 file(s) differed from the manifest and were copied again: model-00001-of-00002.safetensors" in said
     assert digest(shard) == digest(model / "model-00001-of-00002.safetensors")
+
+    # The image only on node2: node1 lets node2's key in for that copy alone
+    forget_image(node_engines["node1"])
+    fourth = sandbox.playbook(inventory, tmp_path / "run-4", "--tags", "image", env=controller)
+    assert _ok(fourth)["node1"]["changed"] > 0
+    assert "changed: [node1 -> node2(" in fourth.stdout and image_id(node_engines["node1"]) == built
+    assert authorized_on_node1.read_text() == ""
+    assert authorized.read_text().rstrip().endswith("dsaops transfer from node1")   # the weights source's stays
 
 
 def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(sandbox, cluster, node_engines,
