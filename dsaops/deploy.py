@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from dsaops import plan_extras
 from dsaops.errors import UserError
 from dsaops.inventory_checks import SECRET_VARIABLES, UIDS, refusal, refusals
 from dsaops.plan_input import JSON_MOST_BYTES, read_text
@@ -99,7 +100,8 @@ def check_inventory(inventory: Path, path: str, limit: str | None = None, overri
     """The inventory's hosts; stops before Ansible runs when it has no serving hosts (Ansible itself
     skips every play of an empty or unreadable inventory and reports success), when `limit` matches
     none of them, or when a value of the hosts the run checks is refused (as check-inventory.yml
-    refuses it, with the -e `overrides` on top; None: some are encrypted, leave the check to the playbook)."""
+    refuses it, and the extras as the preflight's plan reads them, with the -e `overrides` on top; None: some
+    are encrypted, leave the check to the playbook)."""
     listing, stderr = _listing(inventory, path)
     if not _members(listing, "dsaops_cluster"):
         unreadable = "Unable to parse" in stderr
@@ -122,11 +124,25 @@ def check_inventory(inventory: Path, path: str, limit: str | None = None, overri
         refused: dict[str, list[str]] = {}
         for host in sorted(checked):
             values = {"inventory_hostname": host, **defaults, **hostvars.get(host, {}), **overrides}
-            for line in refusals({name: value for name, value in values.items() if _plain(value)}):
+            plain = {name: value for name, value in values.items() if _plain(value)}
+            for line in refusals(plain) or _extras_refused(plain):
                 refused.setdefault(line, []).append(_shown(host))
         if refused:
             raise UserError(" ".join(f"{', '.join(on)}: {line}" for line, on in refused.items()))
     return hosts
+
+
+def _extras_refused(values: dict) -> list[str]:
+    """The line the preflight's plan stops on for sglang_server_extra_args and _env (dsaops.plan_extras: what
+    SGLang's parser or the planner refuses), once the table has taken every value."""
+    args, env = values.get("sglang_server_extra_args"), values.get("sglang_server_extra_env")
+    if args is None and env is None:
+        return []
+    try:
+        plan_extras.read(args or [], env or {})
+    except UserError as e:
+        return [str(e)]
+    return []
 
 
 def _uid_defaults() -> dict:

@@ -208,23 +208,28 @@ def test_the_plan_takes_what_the_extra_arguments_set():
 
 def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_stop_the_run(tmp_path):
     """One line before anything renders: a value no launch takes, a flag dsaops writes from an inventory variable, a
-    flag SGLang has not got, or flags the plan models set differently on two nodes (one plan stands for the cluster, and SGLang needs them
-    alike)."""
-    owned = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--max-r=8"]}')
-    failed = [line for line in owned.stderr.splitlines() if "FAILED" in line]
-    assert owned.returncode != 0 and len(failed) == 1, owned.stderr[-3000:]
-    assert ("h20-1: sglang_server_extra_args: --max-running-requests is written from dsaops_max_running_requests, "
-            "which other roles read too; set that in the inventory and drop the flag") in failed[0]
-    bad = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--context-length", "0"]}')
-    failed = [line for line in bad.stderr.splitlines() if "FAILED" in line]
-    assert bad.returncode != 0 and len(failed) == 1, bad.stderr[-3000:]
-    assert ("h20-1: sglang_server_extra_args: --context-length must be a whole number from 1 to 2147483647, got '0'; "
-            "fix the value or drop the flag") in failed[0]
-    typo = print_commands("h20-8gpu", "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
-    failed = [line for line in typo.stderr.splitlines() if "FAILED" in line]
-    assert typo.returncode != 0 and len(failed) == 1, typo.stderr[-3000:]
+    flag SGLang has not got (`dsaops deploy` before any play, the playbook in its preflight), or flags the plan models
+    set differently on two nodes (one plan stands for the cluster, and SGLang needs them alike)."""
+    for extra, line in [
+            ('["--max-r=8"]', ("h20-1: sglang_server_extra_args: --max-running-requests is written from "
+                               "dsaops_max_running_requests, which other roles read too; set that in the inventory "
+                               "and drop the flag")),
+            ('["--context-length", "0"]', ("h20-1: sglang_server_extra_args: --context-length must be a whole "
+                                           "number from 1 to 2147483647, got '0'; fix the value or drop the flag")),
+            # the server would stop at startup on it
+            ('["--mem-fraction-statc", "0.9"]', ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag "
+                                                 "--mem-fraction-statc (did you mean --mem-fraction-static?); fix "
+                                                 "it or drop it"))]:
+        refused = print_commands("h20-8gpu", "-e", f'{{"sglang_server_extra_args": {extra}}}')
+        assert refused.returncode == 2 and refused.stderr == f"dsaops deploy: {line}\n" and refused.stdout == "", extra
+    out = tmp_path / "out"
+    out.mkdir()
+    typo = _run(str(BIN / "ansible-playbook"), "-i", str(PLAYBOOKS / "inventories/h20-8gpu.yml"),
+                str(PLAYBOOKS / "print-commands.yml"), "-e", f"sglang_server_print_dir={out}",
+                "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
+    assert typo.returncode != 0 and list(out.iterdir()) == [], typo.stdout[-3000:]
     assert ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag --mem-fraction-statc (did you mean "
-            "--mem-fraction-static?); fix it or drop it") in failed[0]      # the server would stop at startup on it
+            "--mem-fraction-static?); fix it or drop it") in " ".join(typo.stdout.split())
     path = tmp_path / "mixed.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
         "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n"
@@ -606,6 +611,11 @@ def test_deploy_refuses_what_the_playbook_refuses_in_one_line_before_ansible_run
                                      "1 to 65535, without leading zeros")),
     ("monitoring_alertmanager_uid", 0, ("h20-1: monitoring_alertmanager_uid=0 is refused: it must be a whole number "
                                         "from 1 to 65533")),
+    # the extras as the preflight's plan reads them: SGLang's parser checks every use of a flag, not the last alone
+    ("sglang_server_extra_args", ["--context-length", "abc", "--context-length", "8192"],
+     "h20-1: sglang_server_extra_args: SGLang 0.5.23 would stop at startup: argument --context-length: 'abc' is not a"),
+    ("sglang_server_extra_env", {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "maybe"},
+     "h20-1: sglang_server_extra_env: SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK='maybe' is neither true"),
     # the role's default for Prometheus: the deploy's check sees the defaults too
     ("monitoring_exporter_uid", MONITORING["monitoring_prometheus_uid"],
      (f"h20-1: monitoring_prometheus_uid and monitoring_exporter_uid share uid {MONITORING['monitoring_prometheus_uid']}: "
