@@ -42,6 +42,9 @@ venv: $(STAMP) ## create or refresh the test environment (.venv with the test to
 # processes die and time out on purpose with nothing else competing for the CPU. PYTEST_ARGS: one run with them.
 PLAYBOOK_WORKERS ?= 2
 CPU_TESTS := $(PY) -m pytest -m "not gpu"
+# The tests start Python thousands of times (an Ansible worker a task and host, each `python -m dsaops`): an
+# environment's PYTHONDONTWRITEBYTECODE would have every one compile the checkout and SGLang's source again.
+test: export PYTHONDONTWRITEBYTECODE :=
 test: $(STAMP) ## run the CPU test suite (what CI runs)
 ifeq ($(strip $(PYTEST_ARGS)),)
 	status=0; \

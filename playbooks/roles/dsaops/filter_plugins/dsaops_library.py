@@ -63,16 +63,14 @@ _CHECKOUT = Path(__file__).resolve().parents[4]   # playbooks/roles/dsaops/filte
 if (_CHECKOUT / "dsaops" / "__init__.py").is_file() and str(_CHECKOUT) not in sys.path:
     sys.path.insert(0, str(_CHECKOUT))
 
-# importable only once the checkout is on the path
+# importable only once the checkout is on the path. Ansible imports every filter plugin in the worker it
+# forks for each task and host, so the heavier modules are imported by the filters that call them.
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 from dsaops.healthchecks import deploy, scrape
 
-from dsaops import fence, host_accounts, image_load, inventory_checks, node_ranks, plan_extras, sglang_ports, targets
+from dsaops import fence, host_accounts, image_load, sglang_ports
 from dsaops.errors import UserError
-from dsaops.image import image_name
-from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
-from dsaops.plan import PlanRequest, make_plan
 
 
 def _int(value):
@@ -90,6 +88,8 @@ def _bool(value):
 
 def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metrics, target, plan=None, extra_args=(),
                 model_path=None, served_model_name=None, config_file=None):
+    from dsaops import targets
+    from dsaops.launch_args import ClusterSpec, NodeSpec, launch_args
     chunk = plan["prefill_chunk_tokens"] if plan else targets.get(str(target)).chunked_prefill_size or None
     spec = ClusterSpec(
         tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]), ep_size=int(cluster["ep_size"]),
@@ -108,6 +108,7 @@ def sglang_args(cluster, *, nnodes, node_rank, dist_init_addr, host, enable_metr
 
 
 def extras(args, *, env=None):
+    from dsaops import plan_extras
     try:
         return {"settings": plan_extras.read(args, env), "error": None}
     except UserError as e:
@@ -115,6 +116,8 @@ def extras(args, *, env=None):
 
 
 def plan(cluster, *, target, nodes, extras=None):
+    from dsaops import plan_extras
+    from dsaops.plan import PlanRequest, make_plan
     request = PlanRequest(
         target=str(target), nodes=int(nodes), gpus_per_node=int(cluster["gpus_per_node"]),
         tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]),
@@ -130,6 +133,8 @@ def plan(cluster, *, target, nodes, extras=None):
 
 
 def ranks(cluster, *, nodes, extra_args=()):
+    from dsaops import node_ranks
+    from dsaops.launch_args import ClusterSpec, cluster_args
     # the parallel flags as launch_args writes them, then the extras, as at launch: the last given wins
     spec = ClusterSpec(tp_size=int(cluster["tp_size"]), attn_dp_size=int(cluster["attn_dp_size"]), nnodes=int(nodes),
                        kv_cache_dtype=str(cluster["kv_cache_dtype"]))
@@ -141,6 +146,7 @@ def ranks(cluster, *, nodes, extra_args=()):
 
 
 def image(target, *, registry=""):
+    from dsaops.image import image_name
     return image_name(str(target), registry=str(registry or ""))
 
 
@@ -185,6 +191,21 @@ def _stops_the_run(fn):
     return wrapped
 
 
+def checked_names(prefix=""):
+    from dsaops import inventory_checks
+    return inventory_checks.names(prefix)
+
+
+def refusals(values):
+    from dsaops import inventory_checks
+    return inventory_checks.refusals(values)
+
+
+def port_collisions(ports):
+    from dsaops import inventory_checks
+    return inventory_checks.port_collisions(ports)
+
+
 @_stops_the_run
 def nft_elements(addresses, what):
     return fence.nft_elements([str(a) for a in addresses], str(what))
@@ -217,8 +238,8 @@ class FilterModule:
                 "dsaops_node_ranks": ranks, "dsaops_image": image, "dsaops_image_load_needs": image_load_needs,
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
-                "dsaops_checked_names": inventory_checks.names, "dsaops_refusals": inventory_checks.refusals,
-                "dsaops_port_collisions": inventory_checks.port_collisions, "dsaops_taken_uids": host_accounts.taken,
+                "dsaops_checked_names": checked_names, "dsaops_refusals": refusals,
+                "dsaops_port_collisions": port_collisions, "dsaops_taken_uids": host_accounts.taken,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
                 "dsaops_monitoring_sources": monitoring_sources, "dsaops_listen_address": listen_address,
                 "dsaops_probe_host": probe_host,
