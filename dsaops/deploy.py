@@ -17,7 +17,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from dsaops import plan_extras
 from dsaops.errors import UserError
 from dsaops.inventory_checks import SECRET_VARIABLES, UIDS, refusal, refusals
 from dsaops.plan_input import JSON_MOST_BYTES, read_text
@@ -138,6 +137,7 @@ def _extras_refused(values: dict) -> list[str]:
     args, env = values.get("sglang_server_extra_args"), values.get("sglang_server_extra_env")
     if args is None and env is None:
         return []
+    from dsaops import plan_extras  # for a host with extras alone: every dsaops command imports this module
     try:
         plan_extras.read(args or [], env or {})
     except UserError as e:

@@ -210,16 +210,15 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
     """One line before anything renders: a value no launch takes, a flag dsaops writes from an inventory variable, a
     flag SGLang has not got (`dsaops deploy` before any play, the playbook in its preflight), or flags the plan models
     set differently on two nodes (one plan stands for the cluster, and SGLang needs them alike)."""
+    typo_line = ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag --mem-fraction-statc (did you mean "
+                 "--mem-fraction-static?); fix it or drop it")
     for extra, line in [
             ('["--max-r=8"]', ("h20-1: sglang_server_extra_args: --max-running-requests is written from "
                                "dsaops_max_running_requests, which other roles read too; set that in the inventory "
                                "and drop the flag")),
             ('["--context-length", "0"]', ("h20-1: sglang_server_extra_args: --context-length must be a whole "
                                            "number from 1 to 2147483647, got '0'; fix the value or drop the flag")),
-            # the server would stop at startup on it
-            ('["--mem-fraction-statc", "0.9"]', ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag "
-                                                 "--mem-fraction-statc (did you mean --mem-fraction-static?); fix "
-                                                 "it or drop it"))]:
+            ('["--mem-fraction-statc", "0.9"]', typo_line)]:       # the server would stop at startup on it
         refused = print_commands("h20-8gpu", "-e", f'{{"sglang_server_extra_args": {extra}}}')
         assert refused.returncode == 2 and refused.stderr == f"dsaops deploy: {line}\n" and refused.stdout == "", extra
     out = tmp_path / "out"
@@ -228,8 +227,7 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
                 str(PLAYBOOKS / "print-commands.yml"), "-e", f"sglang_server_print_dir={out}",
                 "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
     assert typo.returncode != 0 and list(out.iterdir()) == [], typo.stdout[-3000:]
-    assert ("h20-1: sglang_server_extra_args: SGLang 0.5.23 has no flag --mem-fraction-statc (did you mean "
-            "--mem-fraction-static?); fix it or drop it") in " ".join(typo.stdout.split())
+    assert typo_line in " ".join(typo.stdout.split())
     path = tmp_path / "mixed.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
         "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n"

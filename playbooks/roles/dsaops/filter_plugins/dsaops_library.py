@@ -56,6 +56,7 @@ playbooks/), so an ansible installed without dsaops runs these too.
 """
 import dataclasses
 import functools
+import importlib
 import sys
 from pathlib import Path
 
@@ -191,19 +192,11 @@ def _stops_the_run(fn):
     return wrapped
 
 
-def checked_names(prefix=""):
-    from dsaops import inventory_checks
-    return inventory_checks.names(prefix)
-
-
-def refusals(values):
-    from dsaops import inventory_checks
-    return inventory_checks.refusals(values)
-
-
-def port_collisions(ports):
-    from dsaops import inventory_checks
-    return inventory_checks.port_collisions(ports)
+def _on_call(module, name):
+    """dsaops.<module>.<name> as a filter that imports its module on its first call, not with the plugin."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(f"dsaops.{module}"), name)(*args, **kwargs)
+    return call
 
 
 @_stops_the_run
@@ -238,8 +231,9 @@ class FilterModule:
                 "dsaops_node_ranks": ranks, "dsaops_image": image, "dsaops_image_load_needs": image_load_needs,
                 "dsaops_exporter_containers": exporter_containers, "dsaops_exporter_users": exporter_users,
                 "dsaops_exporter_job": exporter_job,
-                "dsaops_checked_names": checked_names, "dsaops_refusals": refusals,
-                "dsaops_port_collisions": port_collisions, "dsaops_taken_uids": host_accounts.taken,
+                "dsaops_checked_names": _on_call("inventory_checks", "names"),
+                "dsaops_refusals": _on_call("inventory_checks", "refusals"),
+                "dsaops_port_collisions": _on_call("inventory_checks", "port_collisions"), "dsaops_taken_uids": host_accounts.taken,
                 "dsaops_sglang_ports": sglang_internal_ports, "dsaops_nft_elements": nft_elements,
                 "dsaops_monitoring_sources": monitoring_sources, "dsaops_listen_address": listen_address,
                 "dsaops_probe_host": probe_host,
