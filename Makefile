@@ -37,23 +37,15 @@ setup: $(SETUP_STAMP) ## dsaops and ansible-playbook in .venv; then `. .venv/bin
 
 venv: $(STAMP) ## create or refresh the test environment (.venv with the test tools; make test does it)
 
-# Without PYTEST_ARGS, two runs: the playbook tests, half the suite's time and most of it Ansible's own work
-# a task over SSH, on two workers (pytest-xdist, each with its own sandbox hosts); then the rest on one, where
-# processes die and time out on purpose with nothing else competing for the CPU. PYTEST_ARGS: one run with them.
-PLAYBOOK_WORKERS ?= 2
-CPU_TESTS := $(PY) -m pytest -m "not gpu"
+# One run on two workers (pytest-xdist, --dist loadgroup): the tests outside tests/playbooks go to one worker
+# in turn (tests/conftest.py says why), the playbook tests, mostly Ansible's own work a task over SSH, to
+# the other, and to both once the first is through. PYTEST_ARGS: the same run with them added.
+TEST_WORKERS ?= 2
 # The tests start Python thousands of times (an Ansible worker a task and host, each `python -m dsaops`): an
 # environment's PYTHONDONTWRITEBYTECODE would have every one compile the checkout and SGLang's source again.
 test: export PYTHONDONTWRITEBYTECODE :=
 test: $(STAMP) ## run the CPU test suite (what CI runs)
-ifeq ($(strip $(PYTEST_ARGS)),)
-	status=0; \
-	$(CPU_TESTS) -n $(PLAYBOOK_WORKERS) tests/playbooks || status=$$?; \
-	$(CPU_TESTS) --ignore=tests/playbooks || status=$$?; \
-	exit $$status
-else
-	$(CPU_TESTS) $(PYTEST_ARGS)
-endif
+	$(PY) -m pytest -m "not gpu" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff over the Python code
 	$(VENV)/bin/ruff check .

@@ -10,6 +10,23 @@ from tests.support.dockerd import DEBIAN_DOCKER, running
 from tests.support.prerequisites import need
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the GPU hosts need not have
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadgroup (make test), every test outside tests/playbooks goes to one worker, one after
+    another: some kill rank processes that the exporters they start count host-wide, and some wait out
+    timeouts. Each playbook test (they start no ranks) goes to whichever worker is free. The grouping is
+    by path here: xdist's xdist_group marker renames node ids in a way pytest 9.2 no longer reads."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OutsidePlaybooksOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith("tests/playbooks/") else "outside-playbooks"
+
+    return OutsidePlaybooksOnOneWorker(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
