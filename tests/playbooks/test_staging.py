@@ -176,11 +176,12 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     assert "Number of regular files transferred: 4" in log.read_text()
     keys = authorized.read_text()
     gate = roots["node2"] / "etc/dsaops/transfer/gate"
-    assert f'from="{sandbox.hosts["node1"]["address"]}",restrict,command="{gate}" ssh-ed25519 ' in keys
+    assert f'from="{sandbox.hosts["node1"]["address"]}",restrict,command="{gate} weights" ssh-ed25519 ' in keys
     assert keys.rstrip().endswith("dsaops transfer from node1")
     assert keys.splitlines()[0] == admin and "node9" not in keys          # the node gone from the inventory
 
-    # node1's key, from node1, runs the copies' commands on node2 and nothing else: no shell, no pull, no other folder
+    # node1's key, from node1, runs the weights copy's command on node2 and nothing else: no shell, no pull, no other
+    # folder, and no docker load once the image copy is through
     transfer = roots["node1"] / "etc/dsaops/transfer"
     key = (f"ssh -F none -i {transfer}/id_ed25519 -o UserKnownHostsFile={transfer}/known_hosts "
            "-o StrictHostKeyChecking=yes -o BatchMode=yes -l root")
@@ -194,6 +195,9 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     elsewhere = sandbox.ssh("node1", f"rsync -r --rsh='{key}' {model}/config.json {node2}:{roots['node2']}/root/.ssh/")
     assert elsewhere.returncode != 0 and "rsync writes only into" in elsewhere.stderr
     assert sorted(p.name for p in (roots["node2"] / "root/.ssh").iterdir()) == ["authorized_keys"]
+    loads = sandbox.ssh("node1", f"{key} {node2} 'docker load'")
+    assert loads.returncode == 2 and "authorized here for the copies its authorized_keys line names (weights), not the " \
+                                     "image copy" in loads.stderr, loads
     # node2 copies to no node: its key gets into none
     assert authorized_on_node1.read_text() == ""
     transfer2 = roots["node2"] / "etc/dsaops/transfer"

@@ -1,6 +1,7 @@
 """The transfer gate (playbooks/roles/transfer/files/gate.sh), the one command another node's transfer key runs:
 real rsync copies through it, with a stand-in for sshd's forced command (SSH_ORIGINAL_COMMAND set to what the
-client asked, the gate run instead), and every other request refused in one line, exit 2, with nothing written.
+client asked, the gate run instead, with the copies the key's line names), and every other request, or a copy
+the line does not name, refused in one line, exit 2, with nothing written.
 Over a real sshd and the authorized_keys line the transfer role writes: test_staging.py.
 """
 from __future__ import annotations
@@ -28,9 +29,7 @@ def node(tmp_path):
     weights = tmp_path / "models/tiny-glm"
     weights.mkdir(parents=True)
     (gate_dir / "gate.conf").write_text(f"weights={weights}\ndocker_host=unix://{tmp_path}/no-engine.sock\n")
-    rsh = tmp_path / "forced-command"
-    rsh.write_text(f'#!/bin/sh\nshift\nSSH_ORIGINAL_COMMAND="$*" exec /bin/sh {gate_dir / "gate"}\n')
-    rsh.chmod(0o755)
+    rsh = forced_command(tmp_path / "forced-command", gate_dir / "gate", "weights")   # the weights source's line
     source = tmp_path / "source"
     source.mkdir()
     (tmp_path / "blobs").mkdir()
@@ -42,14 +41,21 @@ def node(tmp_path):
     return {"gate": gate_dir / "gate", "weights": weights, "rsh": rsh, "source": source, "tmp": tmp_path}
 
 
-def rsync(node, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["rsync", f"--rsh={node['rsh']}", *args], check=False, input=stdin, capture_output=True, text=True,
-                          timeout=60)
+def forced_command(rsh: Path, gate: Path, *copies: str) -> Path:
+    """An rsh that runs the gate as sshd runs an authorized_keys line's command="<gate> <copies>"."""
+    rsh.write_text(f'#!/bin/sh\nshift\nSSH_ORIGINAL_COMMAND="$*" exec /bin/sh {gate} {" ".join(copies)}\n')
+    rsh.chmod(0o755)
+    return rsh
 
 
-def through_gate(node, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", str(node["gate"])], check=False, env={**os.environ, "SSH_ORIGINAL_COMMAND": command},
-                          capture_output=True, text=True, timeout=60)
+def rsync(node, *args: str, stdin: str | None = None, rsh: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["rsync", f"--rsh={rsh or node['rsh']}", *args], check=False, input=stdin, capture_output=True,
+                          text=True, timeout=60)
+
+
+def through_gate(node, command: str, *copies: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/sh", str(node["gate"]), *copies], check=False,
+                          env={**os.environ, "SSH_ORIGINAL_COMMAND": command}, capture_output=True, text=True, timeout=60)
 
 
 def refused(result: subprocess.CompletedProcess) -> str:
@@ -103,14 +109,33 @@ def test_a_push_elsewhere_and_a_pull_are_refused(node):
 @pytest.mark.parametrize("command", ["id", "sh -c id", "rsync --server", "docker load; id", "docker run --rm x",
                                      "rsync --server -tre.iLsfxCIvu . /tmp/x/ ; id", ""])
 def test_any_other_command_is_refused(node, command):
-    result = through_gate(node, command)
+    result = through_gate(node, command, "image", "weights")
     assert result.returncode == 2 and result.stdout == ""
     assert f"refused '{command}': " in refused(result)
 
 
-def test_docker_load_runs_against_the_node_engine(node):
+@pytest.mark.parametrize("copies", [(), ("image",)])
+def test_a_copy_the_keys_line_does_not_name_is_refused(node, copies):
+    """The weights copy by a key let in for the image copy alone, or by a line that names no copy."""
+    rsh = forced_command(node["tmp"] / "image-only", node["gate"], *copies)
+    pushed = rsync(node, *COPY, f"{node['source']}/", f"x:{node['weights']}/", rsh=rsh)
+    assert (f"authorized here for the copies its authorized_keys line names ({' '.join(copies) or 'none'}), "
+            "not the weights copy") in refused(pushed)
+    assert list(node["weights"].iterdir()) == []
+
+
+@pytest.mark.parametrize("copies", [(), ("weights",)])
+def test_docker_load_by_a_key_not_let_in_for_the_image_is_refused(node, copies):
+    result = through_gate(node, "docker load", *copies)
+    assert result.returncode == 2 and result.stdout == ""
+    assert (f"refused 'docker load': this key is authorized here for the copies its authorized_keys line names "
+            f"({' '.join(copies) or 'none'}), not the image copy") in refused(result)
+
+
+@pytest.mark.parametrize("copies", [("image",), ("image", "weights")])
+def test_docker_load_runs_against_the_node_engine(node, copies):
     need(shutil.which("docker") is not None, "the docker CLI, which the gate runs for the image copy")
-    result = through_gate(node, "docker load")
+    result = through_gate(node, "docker load", *copies)
     # no engine listens there: docker itself says so, with the gate.conf's DOCKER_HOST
     assert result.returncode == 1 and "dsaops transfer gate" not in result.stderr
     assert f"unix://{node['tmp']}/no-engine.sock" in result.stderr

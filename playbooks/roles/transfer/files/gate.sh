@@ -1,9 +1,11 @@
 #!/bin/sh
 # The only command another node's transfer key runs on this node (its authorized_keys line forces it): what the
 # image and weights copies send, `docker load` and rsync's receiver into the weights folder, and nothing else,
-# so that the key is no root shell here. gate.conf beside it, written by the transfer role, names the folder
-# (weights=) and the engine (docker_host=, empty for the default).
+# so that the key is no root shell here. The line names the copies its key makes here, as the gate's arguments:
+# image (docker load), weights (rsync's receiver), or both. gate.conf beside it, written by the transfer role,
+# names the folder (weights=) and the engine (docker_host=, empty for the default).
 set -eu
+copies="$*"
 weights='' docker_host=''
 while IFS='=' read -r key value; do
   case $key in
@@ -18,7 +20,15 @@ refuse() {
   exit 2
 }
 
+may() {  # the copy $1 only where the key's line names it
+  case " $copies " in
+    *" $1 "*) ;;
+    *) refuse "this key is authorized here for the copies its authorized_keys line names (${copies:-none}), not the $1 copy" ;;
+  esac
+}
+
 if [ "$command" = "docker load" ]; then
+  may image
   if [ -n "$docker_host" ]; then
     export DOCKER_HOST="$docker_host"
   fi
@@ -31,6 +41,7 @@ set -- $command
 if [ "$#" -lt 5 ] || [ "$1" != rsync ] || [ "$2" != --server ] || [ -z "$weights" ]; then
   refuse "another node's transfer key runs docker load and rsync's receiver into the weights folder, nothing else"
 fi
+may weights
 # rsync --server -<options>e<capabilities> [--stats] [--partial-dir .rsync-partial] . <folder>/
 case $3 in
   -[!-]*e*) options=${3#-} options=${options%%e*} ;;
