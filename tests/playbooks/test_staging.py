@@ -276,6 +276,13 @@ def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(s
     assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2")), copied.stdout[-3000:]
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
 
+    # The key given in ansible.cfg's ssh_args (its ANSIBLE_SSH_ARGS), which Ansible's ssh puts first: the copy's too
+    forget_image(*node_engines.values())
+    copied = sandbox.playbook(aliased, tmp_path / "run-ssh-args", "--tags", "image",
+                              env=controller | {"ANSIBLE_SSH_ARGS": f"-C -o ControlMaster=auto -o IdentityFile={key}"})
+    assert all(_ok(copied)[h]["changed"] > 0 for h in ("node1", "node2")), copied.stdout[-3000:]
+    assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == built
+
 
 def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_one(sandbox, cluster, node_engines,
                                                                                     dockerd, tmp_path):
