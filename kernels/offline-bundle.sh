@@ -57,7 +57,10 @@ stage=$(mktemp -d "$out/.partial.XXXXXX")
 # rmdir: an $out this run made and left empty; a folder the user gave stays
 trap 'rm -rf "$work" "$stage"; [ -z "$made" ] || rmdir "$made" 2>/dev/null || true' EXIT
 tags=()
-for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014; do tags+=(--platform "${t}_$platform"); done
+# pip takes the first tag a wheel has; manylinux_2_34 last, for the aarch64 wheels of TileLang and z3 (glibc 2.34 on the host)
+for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_34; do
+  tags+=(--platform "${t}_$platform")
+done
 
 echo "== wheels for CPython $python_version on $platform: tilelang $tilelang, sgl-flash-mla $flashmla"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
