@@ -42,10 +42,9 @@ check() { PYTHONPATH=. python3 -m dsaops.pins --check-wheel "$@"; }
 sglang=$(pin sglang)
 tilelang=$(pin tilelang)
 flashmla=$(pin sgl-flash-mla)
-
-# What TileLang imports beyond torch, triton and numpy, at versions that load beside numpy 1.26 or 2.
-needs=(apache-tvm-ffi==0.1.11 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
-       cloudpickle==3.1.3 ml-dtypes==0.5.4 psutil==7.2.2 tqdm==4.70.1)
+# What TileLang imports beyond torch, triton and numpy (pins.toml's offline-bundle table)
+bundled=$(PYTHONPATH=. python3 -m dsaops.pins --bundle)
+mapfile -t needs <<< "$bundled"
 
 # Everything is made in $work and $stage (beside $out, so that its files move in by rename): a build
 # that fails leaves the bundle before it whole.
@@ -66,7 +65,7 @@ echo "== wheels for CPython $python_version on $platform: tilelang $tilelang, sg
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$python_version" \
   --implementation cp "${tags[@]}" -d "$work/wheels" \
   "tilelang==$tilelang" "sgl-flash-mla==$flashmla" "${needs[@]}"
-check "$work"/wheels/tilelang-"$tilelang"-*.whl "$work"/wheels/sgl_flash_mla-"$flashmla"-*.whl --downloaded
+check "$work"/wheels/*.whl --downloaded
 mkdir -p "$work/site"
 for wheel in "$work"/wheels/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; done
 

@@ -119,17 +119,19 @@ def test_pins_for_shell_and_make():
 
 
 def test_every_pinned_hash_names_a_wheel_of_a_pin():
-    """pins.toml's sha256 table: each key a wheel file name of a pinned distribution at its pinned
-    version, each value a sha256; every pin has its Linux x86_64 and aarch64 wheels listed."""
+    """pins.toml's sha256 table: each key a wheel file name of a pinned distribution or an offline bundle
+    package at its version, each value a sha256; each has its Linux x86_64 and aarch64 wheels listed
+    (a pure-Python wheel stands for both)."""
+    versions = {**pins.PINS, **pins.BUNDLE}
     listed = {}
     for filename, digest in pins.SHA256.items():
         name, version, tags = wheel_tags.parse(filename)
-        assert pins.PINS.get(name.replace("_", "-")) == version, filename
+        assert versions.get(name.replace("_", "-")) == version, filename
         assert re.fullmatch("[0-9a-f]{64}", digest), filename
         listed.setdefault(name.replace("_", "-"), set()).update(
-            m for m in ("x86_64", "aarch64") for t in tags if t[2].endswith(m))
+            m for m in ("x86_64", "aarch64") for t in tags if t[2].endswith(m) or t[2] == "any")
     assert {name: {"x86_64", "aarch64"} <= machines for name, machines in listed.items()} == dict.fromkeys(
-        pins.PINS, True)
+        versions, True)
 
 
 def test_every_sglang_wheel_an_image_downloads_has_a_pinned_hash():

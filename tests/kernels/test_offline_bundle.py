@@ -1,7 +1,6 @@
 """kernels/offline-bundle.sh, run for real against a local wheel folder (pip's --find-links, no index):
 the bundle it writes, a failed build that leaves the bundle before it whole, and bad arguments."""
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -52,9 +51,7 @@ def env(tmp_path) -> dict:
     links, cache = tmp_path / "wheels", tmp_path / "cache"
     links.mkdir()
     (cache / "wheels").mkdir(parents=True)
-    needs = re.search(r"needs=\((.*?)\)", SCRIPT.read_text(), re.DOTALL).group(1).split()
-    for spec in [pins.requirement("tilelang"), pins.requirement("sgl-flash-mla"), *needs]:
-        name, version = spec.split("==")
+    for name, version in {"tilelang": pins.TILELANG, "sgl-flash-mla": pins.FLASH_MLA, **pins.BUNDLE}.items():
         wheel(links, name, version, {f"{name.replace('-', '_')}/__init__.py": f"# {name}\n"})
     wheel(cache / "wheels", "sglang", pins.SGLANG, {KERNEL: "# the baseline\n"})
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PIP_NO_INDEX": "1",
@@ -62,7 +59,7 @@ def env(tmp_path) -> dict:
     (checkout(env) / "kernels").mkdir(parents=True)
     shutil.copy2(SCRIPT, checkout(env) / "kernels")
     shutil.copytree(ROOT / "dsaops", checkout(env) / "dsaops")
-    pin(env, *links.glob("tilelang-*.whl"), *links.glob("sgl_flash_mla-*.whl"), *(cache / "wheels").glob("*.whl"))
+    pin(env, *links.glob("*.whl"), *(cache / "wheels").glob("*.whl"))
     return env
 
 
@@ -147,14 +144,16 @@ def test_a_damaged_cached_sglang_wheel_is_passed_over_for_a_download(tmp_path, e
     assert "no whole" in line and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("where", ["cached sglang", "downloaded tilelang"])
+@pytest.mark.parametrize("where", ["cached sglang", "downloaded tilelang", "downloaded z3-solver"])
 def test_a_wheel_of_another_content_is_refused_in_one_line(tmp_path, env, where):
     """A whole wheel that is not the pinned file (its zip checksums hold) went into the bundle."""
     if where == "cached sglang":
         replaced = wheel(Path(env["DSAOPS_CACHE"]) / "wheels", "sglang", pins.SGLANG, {KERNEL: "# not PyPI's\n"})
         says = f"{replaced} has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
     else:
-        replaced = wheel(Path(env["PIP_FIND_LINKS"]), "tilelang", pins.TILELANG, {"tilelang/__init__.py": "# not PyPI's\n"})
+        name = where.split()[1]
+        version = {"tilelang": pins.TILELANG, **pins.BUNDLE}[name]
+        replaced = wheel(Path(env["PIP_FIND_LINKS"]), name, version, {f"{name.replace('-', '_')}/__init__.py": "# not PyPI's\n"})
         says = f"{replaced.name} as downloaded has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
     done = bundle(tmp_path / "out", env)
     assert done.returncode == 2, done.stderr
