@@ -43,7 +43,7 @@ sglang=$(pin sglang)
 tilelang=$(pin tilelang)
 flashmla=$(pin sgl-flash-mla)
 # What TileLang imports beyond torch, triton and numpy (pins.toml's offline-bundle table)
-bundled=$(PYTHONPATH=. python3 -m dsaops.pins --bundle)
+bundled=$(pin --bundle)
 mapfile -t needs <<< "$bundled"
 
 # Everything is made in $work and $stage (beside $out, so that its files move in by rename): a build
@@ -56,7 +56,8 @@ stage=$(mktemp -d "$out/.partial.XXXXXX")
 # rmdir: an $out this run made and left empty; a folder the user gave stays
 trap 'rm -rf "$work" "$stage"; [ -z "$made" ] || rmdir "$made" 2>/dev/null || true' EXIT
 tags=()
-# pip takes the first tag a wheel has; manylinux_2_34 last, for the aarch64 wheels of TileLang and z3 (glibc 2.34 on the host)
+# pip takes the first tag a wheel has; manylinux_2_34 last, for the aarch64 wheels of TileLang and z3
+# (glibc 2.34 on the host)
 for t in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_34; do
   tags+=(--platform "${t}_$platform")
 done

@@ -16,6 +16,7 @@ from dsaops import pins
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "kernels" / "offline-bundle.sh"
 KERNEL = "sglang/kernels/ops/attention/dsa/tilelang_kernel.py"
+DOWNLOADED = {"tilelang": pins.TILELANG, "sgl-flash-mla": pins.FLASH_MLA, **pins.BUNDLE}  # what pip fetches: version
 
 
 def wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> Path:
@@ -51,7 +52,7 @@ def env(tmp_path) -> dict:
     links, cache = tmp_path / "wheels", tmp_path / "cache"
     links.mkdir()
     (cache / "wheels").mkdir(parents=True)
-    for name, version in {"tilelang": pins.TILELANG, "sgl-flash-mla": pins.FLASH_MLA, **pins.BUNDLE}.items():
+    for name, version in DOWNLOADED.items():
         wheel(links, name, version, {f"{name.replace('-', '_')}/__init__.py": f"# {name}\n"})
     wheel(cache / "wheels", "sglang", pins.SGLANG, {KERNEL: "# the baseline\n"})
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PIP_NO_INDEX": "1",
@@ -152,8 +153,8 @@ def test_a_wheel_of_another_content_is_refused_in_one_line(tmp_path, env, where)
         says = f"{replaced} has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
     else:
         name = where.split()[1]
-        version = {"tilelang": pins.TILELANG, **pins.BUNDLE}[name]
-        replaced = wheel(Path(env["PIP_FIND_LINKS"]), name, version, {f"{name.replace('-', '_')}/__init__.py": "# not PyPI's\n"})
+        replaced = wheel(Path(env["PIP_FIND_LINKS"]), name, DOWNLOADED[name],
+                         {f"{name.replace('-', '_')}/__init__.py": "# not PyPI's\n"})
         says = f"{replaced.name} as downloaded has sha256 {pins.sha256(replaced)}, dsaops/pins.toml pins "
     done = bundle(tmp_path / "out", env)
     assert done.returncode == 2, done.stderr

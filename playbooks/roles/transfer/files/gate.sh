@@ -23,7 +23,8 @@ refuse() {
 may() {  # the copy $1 only where the key's line names it
   case " $copies " in
     *" $1 "*) ;;
-    *) refuse "this key is authorized here for the copies its authorized_keys line names (${copies:-none}), not the $1 copy" ;;
+    *) refuse "this key is authorized here for the copies its authorized_keys line names (${copies:-none}),\
+ not the $1 copy" ;;
   esac
 }
 
