@@ -149,6 +149,29 @@ def test_a_mistyped_backend_is_refused_on_either_flag(flag, capsys):
     assert err.count("\n") == 1 and f"{flag} 'tileleng' is not a DSA backend (did you mean tilelang?)" in err
 
 
+@pytest.mark.parametrize("written, tokens", [("128k", 128_000), ("128Ki", 131_072), ("25.6k", 25_600), ("65536", 65_536)])
+def test_context_length_takes_sglangs_sizes(written, tokens, capsys):
+    """As SGLang's own --context-length (human_readable_int) takes them: a server command line plans as written."""
+    argv = [*H20, "--kv-cache-dtype", "fp8_e4m3", "--free-memory-gib", "89.5"]
+    argv[argv.index("--context-length") + 1] = written
+    assert plan(argv, capsys)["context_length"] == tokens
+
+
+WHOLE = "must be a whole number from 1 to 2147483647, got"
+
+
+@pytest.mark.parametrize("written, says", [("0", f"{WHOLE} '0'"), ("3G", f"{WHOLE} '3G'"),
+                                           ("1.5Ki", "'1.5Ki' has a decimal with an IEC suffix"),
+                                           ("128K", f"{WHOLE} '128K' (or one with SGLang's suffix: 128k, 128Ki)")])
+def test_a_context_length_out_of_range_or_misspelled_is_one_line(written, says, capsys):
+    argv = [*H20, "--kv-cache-dtype", "fp8_e4m3"]
+    argv[argv.index("--context-length") + 1] = written
+    with pytest.raises(SystemExit) as refusal:
+        main(["plan", *argv])
+    err = capsys.readouterr().err
+    assert refusal.value.code == 2 and f"argument --context-length: {says}" in err and "Traceback" not in err
+
+
 def test_the_backend_names_are_sglangs():
     flags = cli_flags()
     assert list(kv_layout.PREFILL_BACKENDS) == flags["--dsa-prefill-backend"]

@@ -108,6 +108,8 @@ def test_a_count_takes_ascii_digits_only(flag, value):
     code, out, err = run(argv(**{"--max-running-requests": "64", flag: value}))
     least = 2 if flag == "--speculative-num-draft-tokens" else 1
     says = f"dsaops plan: argument {flag}: must be a whole number from {least} to 2147483647, got {value!r}"
+    if flag == "--context-length" and not value.isdigit():   # it takes SGLang's sizes too (test_plan.py)
+        says += " (or one with SGLang's suffix: 128k, 128Ki)"
     assert code == 2 and not out and err.splitlines() == [says, "see `dsaops plan --help`"], (out, err)
 
 
