@@ -87,7 +87,8 @@ def launches(S: int, heads: int, steps: int, tile, sm_count: int) -> tuple[tuple
     two = tuple((first, count, choose_split(count, heads, steps, tile, sm_count))
                 for first, count in ((0, lead), (lead, S - lead)))
     # a launch of cluster pairs beside another, in either order, ran 4-26% slower than one launch on
-    # the H200 where the model had it ahead (docs/perf-log/2026-12-03.md)
+    # the H200 where the model had it ahead (docs/perf-log/2026-12-03.md): programmatic dependent
+    # launch, and without it the two launches still only add up (docs/perf-log/2026-12-06.md)
     if tile in tiles.PAIRED and any(n == 2 for *_, n in two):
         return one
 
