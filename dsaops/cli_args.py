@@ -1,7 +1,7 @@
 """Checks of command-line values shared by several subcommands (stdlib only, so any CLI module may
-import it): an http(s) server URL, a number of seconds and a bounded whole number as argparse
-types, comma-separated whole numbers, an output path that must be writable, or a folder that
-can be made, before a long run starts, and the write of its result.
+import it; SGLang's size reader is imported on use): an http(s) server URL, a number of seconds and a
+bounded whole number (or size) as argparse types, comma-separated whole numbers, an output path that
+must be writable, or a folder that can be made, before a long run starts, and the write of its result.
 """
 from __future__ import annotations
 
@@ -64,12 +64,18 @@ def digits(text: str) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,12}", text) else None
 
 
-def whole_up_to(most: int, least: int = 1):
-    """argparse type: a whole number from `least` to `most`."""
+def whole_up_to(most: int, least: int = 1, sizes: bool = False):
+    """argparse type: a whole number from `least` to `most`; with `sizes`, also one with SGLang's suffix as its
+    human_readable_int reads them (128k, 25.6k, 128Ki), still in ASCII digits."""
     def parse(text: str) -> int:
         value = digits(text)
+        if value is None and sizes and re.fullmatch(r"[0-9]{1,12}(\.[0-9]+)?([kMGT]|[KMGT]i)", text):
+            from dsaops.sglang_cli import human_readable_int  # on use: its flag table's module stays unloaded
+
+            value = human_readable_int(text)
         if value is None or not least <= value <= most:
-            raise argparse.ArgumentTypeError(f"must be a whole number from {least} to {most}, got {shown(text)}")
+            hint = " (or one with SGLang's suffix: 128k, 128Ki)" if sizes and value is None else ""
+            raise argparse.ArgumentTypeError(f"must be a whole number from {least} to {most}, got {shown(text)}{hint}")
         return value
     return parse
 

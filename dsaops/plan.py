@@ -12,9 +12,7 @@ From Python: `make_plan(PlanRequest(...))` returns a `Plan`; `Plan.to_json()` is
 """
 from __future__ import annotations
 
-import argparse
 import json
-import re
 from dataclasses import asdict, dataclass, fields
 
 from dsaops import concurrency, kv_budget, kv_layout, launch_args, model_geometry, plan_input, targets
@@ -31,21 +29,6 @@ DRAFT_NOTE = ("speculative decoding is sized as MTP (NextN layers as the EAGLE d
 ADAPTIVE_STEPS = (0, 1, 3, 5, 7)
 # arg_groups/serving_hook.py handle_multimodal_feature_transport, word for word
 CUDA_IPC_ONE_NODE = "--mm-feature-transport=cuda_ipc only supports a single node."
-
-
-def context_length(text: str) -> int:
-    """argparse type: --context-length in ASCII digits as the other counts, or with a suffix as SGLang's
-    human_readable_int reads it (128k, 25.6k, 128Ki), up to check()'s bound."""
-    from dsaops.sglang_cli import human_readable_int  # on use: every `dsaops` command builds this parser
-
-    most = plan_input.INT_MOST
-    if not re.fullmatch(r"[0-9]{1,12}((\.[0-9]+)?([kMGT]|[KMGT]i))?", text):   # int() took '٣', '1_000', ' 7 '
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {most}, got {plan_input.shown(text)} "
-                                         "(or one with SGLang's suffix: 128k, 128Ki)")
-    value = human_readable_int(text)
-    if not 1 <= value <= most:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {most}, got {plan_input.shown(text)}")
-    return value
 
 
 def add_parser(sub) -> None:
@@ -73,7 +56,8 @@ def add_parser(sub) -> None:
                    "of SGLang's last `Load weight end` log line (the draft's with speculative decoding), the smallest "
                    "across ranks (most exact)")
     p.add_argument("--weights-gib", type=float, help="checkpoint size, all ranks together (default: the preset's)")
-    p.add_argument("--context-length", type=context_length, help="tokens; 131072, 128k or 128Ki, as SGLang takes it")
+    p.add_argument("--context-length", type=whole_up_to(plan_input.INT_MOST, sizes=True),
+                   help="tokens; 131072, 128k or 128Ki, as SGLang takes it")
     p.add_argument("--max-running-requests", type=count)
     p.add_argument("--max-mamba-cache-size", type=count, help="mamba state slots, all DP ranks together")
     p.add_argument("--mamba-ssm-dtype", choices=plan_input.MAMBA_SSM_DTYPES, default="float32")
