@@ -36,10 +36,22 @@ P_SHIFT = 8.0
 
 def fp8_halves(p, dtype):
     """P (already times 2^P_SHIFT) as two e4m3 values (hi, lo) whose sum carries it to 2^-8
-    relative. P - hi is taken in fp16 (hi is exact there, P rounds by 2^-11): packed conversions and
+    relative, for the narrow tiles (the 64-head tiles' P: pv_registers.cuh's store_p, the same
+    split). P - hi is taken in fp16 (hi is exact there, P rounds by 2^-11): packed conversions and
     one subtraction a pair instead of fp32's unpack, widen and two subtractions."""
     hi = p.astype(dtype)
     return hi, (p.astype(T.float16) - hi.astype(T.float16)).astype(dtype)
+
+
+def scores_layout(heads, rows):
+    """The 64-head tiles' [heads, rows] scores as wgmma's accumulator holds them, pinned so that
+    pv_registers.cuh's store_p can take them by address: warpgroup g the rows (rows / 2)g.., warp w
+    heads 16w.., and register 4c + 2i + j of lane l head 16w + 8i + l / 4, row 8c + 2(l % 4) + j of
+    its warpgroup's."""
+    half = rows // 2
+    return T.Fragment([heads, rows],
+                      forward_thread_fn=lambda h, r: r // half * 128 + h // 16 * 32 + h % 8 * 4 + r % 8 // 2,
+                      forward_index_fn=lambda h, r: r % half // 8 * 4 + h % 16 // 8 * 2 + r % 2)
 
 
 def k_position(row):
@@ -147,6 +159,8 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
         ids, masked = row_ids[:2]
 
         acc_s = T.alloc_fragment(score_shape, acc)
+        if not narrow:  # store_p reads it by address
+            T.annotate_layout({acc_s: scores_layout(HB, BI)})
         acc_both = T.alloc_fragment([BI, 2 * HB], acc) if stacked else None  # both halves' scores (scores)
         acc_o = T.alloc_local([HB * D // tile.threads], acc)  # O^T in the layout pv_registers.cuh gives it
         m = T.alloc_fragment([HB], acc)
@@ -193,10 +207,14 @@ def decode_program(tile, d_v: int, d_tail: int, fp8_dtype: str = "float8_e4m3fn"
             T.call_extern("handle", "dsaops_pv::settle")  # the last tile's product has read P
             # P^T's rows are the heads: [h, r] of a score fragment [r, h] (narrow) or [h, r], each
             # row at its k_position
-            for i, j in T.Parallel(*score_shape):
-                hi, lo = fp8_halves(acc_s[i, j], fp8_dtype)
-                p_s[0, j if narrow else i, k_position(i if narrow else j)] = hi
-                p_s[1, j if narrow else i, k_position(i if narrow else j)] = lo
+            if narrow:
+                for i, j in T.Parallel(*score_shape):
+                    hi, lo = fp8_halves(acc_s[i, j], fp8_dtype)
+                    p_s[0, j, k_position(i)] = hi
+                    p_s[1, j, k_position(i)] = lo
+            else:
+                T.call_extern("handle", f"dsaops_pv::store_p<{BI}, {HB}>", T.address_of(acc_s[0, 0]),
+                              T.access_ptr(p_s, "w"))
             # rescale by alpha, then O^T += V^T . P^T with V moved from k_s into registers
             T.call_extern("handle", f"dsaops_pv::tile<{BI}, {HB}, {pv_fragments}>", T.address_of(acc_o[0]),
                           T.access_ptr(k_s, "r"), T.access_ptr(p_s, "r"), T.access_ptr(alpha_s, "r"))

@@ -1,6 +1,7 @@
 // P.V of Hopper's decode tiles with V taken from registers, and the parts of those tiles written by
-// hand around it: q's split (split_q), the store and the cluster pairs' merge (imported into the
-// kernel's CUDA source by decode_regs.decode_program; TileLang runs the rest of the tile).
+// hand around it: q's split (split_q), P's two halves (store_p), the store and the cluster pairs'
+// merge (imported into the kernel's CUDA source by decode_regs.decode_program; TileLang runs the
+// rest of the tile).
 //
 // wgmma takes its A operand from registers, so the product is computed transposed:
 // O^T [d, h] += V^T [d, r] . P^T [r, h], A = V^T, the fp8 tile's bytes moved straight into registers
@@ -215,6 +216,46 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Byte offset of P's value for head h and tile row r in one e4m3 half of P ([HEADS][128], the
+// 128-byte swizzle P.V's descriptor names): row r at k-position decode_regs.k_position(r), row bits
+// (r4, r2, r1, r3, r0) within its 32-row k-step, and 16-byte chunks XOR (h % 8).
+__device__ __forceinline__ int p_offset(int h, int r) { return h * 128 + (((((r >> 5) << 1) | ((r >> 4) & 1)) ^ (h & 7)) << 4) + (((r >> 2) & 1) << 3) + (((r >> 1) & 1) << 2) + (((r >> 3) & 1) << 1) + (r & 1); }
+
+// P's e4m3 halves of a pair of values (already times 2^P_SHIFT): hi = e4m3(x), returned, and
+// lo = e4m3(x - hi), the subtraction in fp16, where hi is exact (decode_regs.fp8_halves).
+__device__ __forceinline__ uint32_t p_halves(float x0, float x1, uint32_t& lo) {
+  const float2 x = make_float2(x0, x1);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(x, __NV_SATFINITE, __NV_E4M3);
+  const __half2_raw hi_h = __nv_cvt_fp8x2_to_halfraw2(hi, __NV_E4M3);
+  const __half2 d = __hsub2(__float22half2_rn(x), *reinterpret_cast<const __half2*>(&hi_h));
+  lo = __nv_cvt_halfraw2_to_fp8x2(*reinterpret_cast<const __half2_raw*>(&d), __NV_SATFINITE, __NV_E4M3);
+  return hi;
+}
+
+// P's two halves from a 64-head tile's probabilities s, as wgmma's accumulator holds them
+// (decode_regs.scores_layout): register 4c + 2i + j of thread (warpgroup g, warp w, lane l) is head
+// 16w + 8i + l / 4, row (ROWS / 2)g + 8c + 2(l % 4) + j. Rows 8 apart sit 2 bytes apart in P
+// (p_offset), so columns c and c + 1 (c even) leave in one 4-byte store a half: half the stores of
+// TileLang's loop over the fragment, 2 bytes each (docs/perf-log/2026-12-06.md).
+template <int ROWS, int HEADS>
+__device__ __forceinline__ void store_p(const float* s, void* p) {
+  uint8_t* const half0 = static_cast<uint8_t*>(p);
+  const int t = threadIdx.x, l = t & 31;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int h = ((t >> 5) & 3) * 16 + i * 8 + (l >> 2);
+#pragma unroll
+    for (int c = 0; c < ROWS / 16; c += 2) {
+      const int at = p_offset(h, (t >> 7) * (ROWS / 2) + 8 * c + 2 * (l & 3));
+      uint32_t lo0, lo1;
+      const uint32_t hi0 = p_halves(s[4 * c + 2 * i], s[4 * c + 2 * i + 1], lo0);
+      const uint32_t hi1 = p_halves(s[4 * c + 4 + 2 * i], s[4 * c + 4 + 2 * i + 1], lo1);
+      *reinterpret_cast<uint32_t*>(half0 + at) = hi0 | (hi1 << 16);
+      *reinterpret_cast<uint32_t*>(half0 + HEADS * 128 + at) = lo0 | (lo1 << 16);
+    }
+  }
 }
 
 // Waits for this thread's products in flight. tile() returns with its products still running, so

@@ -4,7 +4,8 @@ index functions are evaluated here as written (their C expressions are valid Pyt
 to either side that breaks the pairing or brings the conflicts back fails on the CPU. The gather
 writes each row where kv_offset reads it: checked on the CUDA TileLang generates, whose index
 expressions are evaluated the same way. split_q writes q's halves by kv_offset too, into operands
-that QK^T reads in TileLang's full-bank swizzle: checked against TileLang's own layout function."""
+that QK^T reads in TileLang's full-bank swizzle, and store_p writes P's halves (p_offset) where
+P.V reads them: both checked against TileLang's own layout function."""
 import itertools
 import re
 
@@ -36,6 +37,7 @@ def cuda_function(name, **values):
 
 
 KV_OFFSET = cuda_function("kv_offset", ROWS=128)
+P_OFFSET = cuda_function("p_offset")
 FIRST_COLUMN = cuda_function("first_column")
 K_ROW = cuda_function("k_row")
 
@@ -52,6 +54,40 @@ def test_p_is_stored_where_v_is_read():
     for rows in (64, 128):
         assert sorted(decode_regs.k_position(r) for r in range(rows)) == list(range(rows))
         assert all(decode_regs.k_position(r) // 32 == r // 32 for r in range(rows))  # a k-step keeps its rows
+
+
+def p_store_mismatches(position):
+    """Where p_offset (store_p's address of head h, tile row r in P's first half) differs from the
+    byte a [2, 64, 128] fp8 buffer in TileLang's full-bank swizzle (the layout decode_regs annotates
+    on P, which P.V's descriptor names) keeps for (0, h, position(r)): [] when they agree."""
+    from tvm import arith, tirx  # TileLang's TVM
+
+    layout = make_full_bank_swizzled_layout(tirx.decl_buffer((2, 64, 128), "float8_e4m3fn", scope="shared"))
+    shape = [int(n) for n in layout.get_output_shape()]
+    analyzer = arith.Analyzer()
+
+    def offset(*index):
+        flat = 0
+        for i, n in zip(layout.map_forward_index([tirx.const(x, "int32") for x in index]), shape):
+            flat = flat * n + int(analyzer.simplify(i))
+        return flat
+
+    return [(h, r) for h in range(64) for r in range(128)
+            if offset(0, h, position(r)) != P_OFFSET(h=h, r=r) or offset(1, h, position(r)) != 64 * 128 + P_OFFSET(h=h, r=r)]
+
+
+def test_p_is_stored_where_pv_reads_it():
+    assert p_store_mismatches(decode_regs.k_position) == []
+    # store_p's 4-byte stores: rows r, r + 1, r + 8, r + 9 (r0 = r3 = 0) are four bytes in a row
+    for h, r in itertools.product(range(64), range(128)):
+        if r & 9 == 0:
+            base = P_OFFSET(h=h, r=r)
+            assert base % 4 == 0 and [P_OFFSET(h=h, r=r + d) - base for d in (1, 8, 9)] == [1, 2, 3]
+
+
+def test_p_in_row_order_would_be_found():
+    """Negative control: P's rows stored in row order instead of at their k_position."""
+    assert len(p_store_mismatches(lambda r: r)) > 64 * 128 // 2
 
 
 def worst_conflict(row_of):
