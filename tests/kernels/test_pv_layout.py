@@ -56,22 +56,29 @@ def test_p_is_stored_where_v_is_read():
         assert all(decode_regs.k_position(r) // 32 == r // 32 for r in range(rows))  # a k-step keeps its rows
 
 
-def p_store_mismatches(position):
-    """Where p_offset (store_p's address of head h, tile row r in P's first half) differs from the
-    byte a [2, 64, 128] fp8 buffer in TileLang's full-bank swizzle (the layout decode_regs annotates
-    on P, which P.V's descriptor names) keeps for (0, h, position(r)): [] when they agree."""
+def layout_offsets(make_layout, shape):
+    """The byte offset function of an fp8 shared buffer of `shape` in `make_layout` (a TileLang layout):
+    offset(*index) is where the layout keeps that element."""
     from tvm import arith, tirx  # TileLang's TVM
 
-    layout = make_full_bank_swizzled_layout(tirx.decl_buffer((2, 64, 128), "float8_e4m3fn", scope="shared"))
-    shape = [int(n) for n in layout.get_output_shape()]
+    layout = make_layout(tirx.decl_buffer(shape, "float8_e4m3fn", scope="shared"))
+    out_shape = [int(n) for n in layout.get_output_shape()]
     analyzer = arith.Analyzer()
 
     def offset(*index):
         flat = 0
-        for i, n in zip(layout.map_forward_index([tirx.const(x, "int32") for x in index]), shape):
+        for i, n in zip(layout.map_forward_index([tirx.const(x, "int32") for x in index]), out_shape):
             flat = flat * n + int(analyzer.simplify(i))
         return flat
 
+    return offset
+
+
+def p_store_mismatches(position):
+    """Where p_offset (store_p's address of head h, tile row r in P's first half) differs from the
+    byte a [2, 64, 128] fp8 buffer in TileLang's full-bank swizzle (the layout decode_regs annotates
+    on P, which P.V's descriptor names) keeps for (0, h, position(r)): [] when they agree."""
+    offset = layout_offsets(make_full_bank_swizzled_layout, (2, 64, 128))
     return [(h, r) for h in range(64) for r in range(128)
             if offset(0, h, position(r)) != P_OFFSET(h=h, r=r) or offset(1, h, position(r)) != 64 * 128 + P_OFFSET(h=h, r=r)]
 
@@ -177,19 +184,8 @@ def split_q_mismatches(make_layout, rows):
     """Where split_q's 8-byte stores of q's halves (kv_offset<ROWS> at column 8c) would not hold the
     bytes that a [rows, 512] fp8 buffer in `make_layout` (a TileLang layout) keeps there: [] when
     every store lands whole where the layout puts its columns."""
-    from tvm import arith, tirx  # TileLang's TVM
-
     kv_offset = cuda_function("kv_offset", ROWS=rows)
-    layout = make_layout(tirx.decl_buffer((rows, 512), "float8_e4m3fn", scope="shared"))
-    shape = [int(n) for n in layout.get_output_shape()]
-    analyzer = arith.Analyzer()
-
-    def offset(r, c):
-        flat = 0
-        for index, n in zip(layout.map_forward_index([tirx.const(r, "int32"), tirx.const(c, "int32")]), shape):
-            flat = flat * n + int(analyzer.simplify(index))
-        return flat
-
+    offset = layout_offsets(make_layout, (rows, 512))
     return [(r, c) for r in range(rows) for c in range(0, 512, 8)
             if offset(r, c) != kv_offset(r=r, c=c) or offset(r, c + 7) != kv_offset(r=r, c=c) + 7]
 
