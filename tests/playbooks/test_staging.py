@@ -75,10 +75,9 @@ def forget_image(*hosts: str) -> None:
 
 
 @contextlib.contextmanager
-def engine_on_a_small_disk(sandbox, node: str, mib: int):
-    """A dockerd whose data root is on an ext4 filesystem of `mib` MiB, mounted twice: here, where dockerd runs, and in
-    sandbox host `node`'s mount namespace, where the role reads its free space (one filesystem: one free count).
-    Yields its DOCKER_HOST and the mount point."""
+def small_disk(sandbox, node: str, mib: int):
+    """An ext4 filesystem of `mib` MiB, mounted twice: here, where an engine runs, and in sandbox host `node`'s mount
+    namespace, where the role reads its free space (one filesystem: one free count). Yields the mount point."""
     need(shutil.which("losetup") is not None and Path("/dev/loop-control").exists(),
          "loop devices (losetup) for a small filesystem under a Docker data root")
     with contextlib.ExitStack() as undo:
@@ -97,7 +96,14 @@ def engine_on_a_small_disk(sandbox, node: str, mib: int):
         undo.callback(subprocess.run, ["umount", str(disk)], check=False)
         assert sandbox.ssh(node, f"mount {loop} {disk}").returncode == 0
         undo.callback(sandbox.ssh, node, f"umount {disk}")
-        yield undo.enter_context(running(disk / "engine"))["DOCKER_HOST"], disk
+        yield disk
+
+
+@contextlib.contextmanager
+def engine_on_a_small_disk(sandbox, node: str, mib: int):
+    """A dockerd whose data root is on a small disk (small_disk); yields its DOCKER_HOST and the mount point."""
+    with small_disk(sandbox, node, mib) as disk, running(disk / "engine") as engine:
+        yield engine["DOCKER_HOST"], disk
 
 
 def leave_free(disk: Path, mib: int) -> None:
@@ -309,6 +315,53 @@ def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_
     assert image_id(node_engines["node1"]) == image_id(node_engines["node2"]) == served
 
 
+@pytest.fixture(scope="module")
+def containerd_engines(tmp_path_factory):
+    """A dockerd for each serving host that keeps its images in containerd (tests/support/containerd_docker.py):
+    {host: its DOCKER_HOST}."""
+    from tests.support.containerd_docker import MIRROR, bin_dirs
+
+    try:
+        bin_dirs()
+    except (OSError, LookupError) as e:
+        need(False, f"Debian 13's docker.io and containerd from {MIRROR} ({e})")
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(running(tmp_path_factory.mktemp(f"c8d-{name}"), containerd_store=True))[
+            "DOCKER_HOST"] for name in ("node1", "node2")}
+
+
+def test_an_image_goes_between_engines_that_keep_images_alike_and_stops_across_stores(sandbox, cluster, node_engines,
+                                                                                      containerd_engines, dockerd,
+                                                                                      tmp_path):
+    """Docker's containerd image store (the default of a fresh Docker 29) names an image by its manifest's digest,
+    Docker's own store by its config's. Between two nodes that keep images in containerd, node1's build reaches node2
+    under its ID. From the controller, whose Docker keeps images in its own store, to node2 in containerd, the run stops
+    before any copy naming both stores; node1, whose store is the controller's, gets nothing either."""
+    write, _ = cluster
+    c8d = containerd_engines
+    forget_image(*c8d.values(), node_engines["node1"], dockerd["DOCKER_HOST"])
+    built = make_image(c8d["node1"], b"built into containerd\n")
+    inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
+                      node1={"dsaops_docker_host": c8d["node1"]}, node2={"dsaops_docker_host": c8d["node2"]})
+    copied = sandbox.playbook(inventory, tmp_path / "run-containerd", "--tags", "image")
+    assert _ok(copied)["node2"]["changed"] > 0
+    assert image_id(c8d["node2"]) == built
+
+    forget_image(c8d["node2"])
+    controller = dockerd["DOCKER_HOST"]
+    make_image(controller, b"built on the controller\n")
+    inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "controller"},
+                      node1={"dsaops_docker_host": node_engines["node1"]}, node2={"dsaops_docker_host": c8d["node2"]})
+    stopped = sandbox.playbook(inventory, tmp_path / "run-across", "--tags", "image", env={"DOCKER_HOST": controller})
+    text = " ".join(stopped.stdout.split())
+    assert stopped.returncode != 0
+    assert (f"node2: its Docker keeps images in containerd, and this controller's in its own store: copied there, "
+            f"{IMAGE} would arrive under another ID") in text, text[-3000:]
+    assert "nothing was copied to any node" in text and '"containerd-snapshotter"' in text
+    assert "node1: its Docker keeps" not in text
+    assert image_id(node_engines["node1"]) == image_id(c8d["node2"]) == ""
+
+
 def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, cluster, node_engines, dockerd,
                                                                        tmp_path):
     """The controller holds the image; node1 lacks it; node2's Docker data root sits on a 96 MiB filesystem and holds an
@@ -344,6 +397,44 @@ def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, c
         copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image", env={"DOCKER_HOST": controller})
         assert all(_ok(copied)[node]["changed"] > 0 for node in ("node1", "node2"))
         assert image_id(node_engines["node1"]) == image_id(engine) == built
+
+
+def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, cluster, containerd_engines, tmp_path):
+    """node2's Docker keeps its images in the system's containerd (as Docker's packages set it up), whose root
+    /etc/containerd/config.toml puts on a 128 MiB filesystem; Docker's data root is elsewhere, with room. node2 holds an
+    older build (the same 16 MiB base layer). `docker history` of an image in containerd gives each layer's disk
+    usage, which does not add up to the image's size, so the base counts as lacking and node1's 32 MiB build is
+    counted at 64 MiB: twice its size, what a load into containerd takes with nothing held (with the base held it
+    takes less: the count is cautious there). With 40 MiB free under containerd's root it is refused naming that root
+    and containerd's config (weighing Docker's data root instead, with room, the run copies); with 72 MiB node2 gets it."""
+    write, roots = cluster
+    source = containerd_engines["node1"]
+    forget_image(source)
+    base = os.urandom(16 << 20)
+    built = make_image(source, base, os.urandom(16 << 20))
+    with small_disk(sandbox, "node2", 128) as disk, \
+            running(Path(tempfile.mkdtemp(prefix="dsaops-c8d-")), containerd_store=True,
+                    containerd_root=disk / "containerd") as engine:
+        older = make_image(engine["DOCKER_HOST"], base, b"an older build\n")
+        config = roots["node2"] / "etc/containerd/config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(f'version = 2\nroot = "{disk}/containerd"\n')
+        inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
+                          node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": engine["DOCKER_HOST"]})
+        leave_free(disk, 40)
+        refused = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "image")
+        text = " ".join(refused.stdout.split())
+        assert refused.returncode != 0
+        assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 64\.\d\d MB under containerd's root "
+                         rf"{disk}/containerd, where Docker keeps its images \(its whole archive, then the layers the node "
+                         r"lacks\), whose filesystem has (39|40)\.\d\d MB free; nothing was copied", text), text[-3000:]
+        assert "move containerd's root (`root` in /etc/containerd/config.toml)" in text
+        assert image_id(engine["DOCKER_HOST"]) == older
+
+        leave_free(disk, 72)
+        copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image")
+        assert _ok(copied)["node2"]["changed"] > 0
+        assert image_id(engine["DOCKER_HOST"]) == built
 
 
 def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox, cluster, tmp_path):
