@@ -135,6 +135,12 @@ def _ok(result):
     return recap(result.stdout)
 
 
+def _stopped(result) -> str:
+    """A run that failed, as one line of its output (Ansible folds a message over lines)."""
+    assert result.returncode != 0, result.stdout[-6000:]
+    return " ".join(result.stdout.split())
+
+
 def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cluster, node_engines, dockerd, tmp_path):
     write, roots = cluster
     forget_image(*node_engines.values(), dockerd["DOCKER_HOST"])
@@ -253,8 +259,7 @@ def test_the_image_comes_from_the_controller_or_the_run_stops_naming_both_ways(s
     # Nothing anywhere, a registry that does not answer: the run stops before any server, naming both ways.
     stopped = sandbox.playbook(write(cluster_vars={"dsaops_stage": True, "dsaops_image_registry": "127.0.0.1:1"},
                                      **engines), tmp_path / "run-none", "--tags", "image", env=controller)
-    text = " ".join(stopped.stdout.split())
-    assert stopped.returncode != 0
+    text = _stopped(stopped)
     assert f"127.0.0.1:1/{IMAGE} is on no node, not in this controller's Docker engine, and pulling it from 127.0.0.1:1 failed" in text
     assert "build it on one node (or here) with `make image ARCH=sm_121`" in text
     assert "`make image ARCH=sm_121 REGISTRY=HOST:PORT PUSH=1`" in text and "DSAOPS_REGISTRY" in text
@@ -306,8 +311,7 @@ def test_an_image_built_for_another_cpu_is_refused_before_it_replaces_the_nodes_
                       node2={"dsaops_docker_host": node_engines["node2"]})
 
     stopped = sandbox.playbook(inventory, tmp_path / "run", "--tags", "image", env={"DOCKER_HOST": dockerd["DOCKER_HOST"]})
-    text = " ".join(stopped.stdout.split())
-    assert stopped.returncode != 0
+    text = _stopped(stopped)
     for node in ("node1", "node2"):
         assert (f"{node}: {IMAGE} ({foreign[:19]} on this controller) is built for {other}, but the node's Docker runs "
                 f"{arch}: loaded there, the server would not start (exec format error). Build it for {arch} "
@@ -353,8 +357,7 @@ def test_an_image_goes_between_engines_that_keep_images_alike_and_stops_across_s
     inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "controller"},
                       node1={"dsaops_docker_host": node_engines["node1"]}, node2={"dsaops_docker_host": c8d["node2"]})
     stopped = sandbox.playbook(inventory, tmp_path / "run-across", "--tags", "image", env={"DOCKER_HOST": controller})
-    text = " ".join(stopped.stdout.split())
-    assert stopped.returncode != 0
+    text = _stopped(stopped)
     assert (f"node2: its Docker keeps images in containerd, and this controller's in its own store: copied there, "
             f"{IMAGE} would arrive under another ID") in text, text[-3000:]
     assert "nothing was copied to any node" in text and '"containerd-snapshotter"' in text
@@ -381,8 +384,7 @@ def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, c
         leave_free(disk, 40)
         for run, args in (("run-check", ("--check",)), ("run-full", ())):
             refused = sandbox.playbook(inventory, tmp_path / run, "--tags", "image", *args, env={"DOCKER_HOST": controller})
-            text = " ".join(refused.stdout.split())
-            assert refused.returncode != 0
+            text = _stopped(refused)
             assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 48\.00 MB under Docker's data "
                              rf"root {disk}/engine/data \(its whole archive, then the layers the node lacks\), whose "
                              r"filesystem has (39|40)\.\d\d MB free; nothing was copied to any node\. Free that much there",
@@ -423,8 +425,7 @@ def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, c
                           node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": engine["DOCKER_HOST"]})
         leave_free(disk, 40)
         refused = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "image")
-        text = " ".join(refused.stdout.split())
-        assert refused.returncode != 0
+        text = _stopped(refused)
         assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 64\.\d\d MB under containerd's root "
                          rf"{disk}/containerd, where Docker keeps its images \(its whole archive, then the layers the node "
                          r"lacks\), whose filesystem has (39|40)\.\d\d MB free; nothing was copied", text), text[-3000:]
@@ -442,8 +443,7 @@ def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox
     write, roots = cluster
     inventory = write(cluster_vars={"dsaops_stage": True, "dsaops_model_path": "zai-org/GLM-5.3-Flash"})
     result = sandbox.playbook(inventory, tmp_path / "run", "--tags", "weights")
-    text = " ".join(result.stdout.split())
-    assert result.returncode != 0
+    text = _stopped(result)
     assert ("node1: the weights of zai-org/GLM-5.3-Flash are not staged yet and neither `hf` nor `huggingface-cli` "
             "is on root's PATH there to download them") in text
     assert "set weights_hf_cli to its path" in text
@@ -485,16 +485,14 @@ def test_a_download_that_does_not_fit_stops_before_a_file_is_fetched(sandbox, cl
     try:
         # The wrong token: the Hub refuses the sizing, the run says so, and the download stops on its own 401.
         refused = sandbox.playbook(inventory, tmp_path / "run-401", "--tags", "weights", env={"HF_TOKEN": "hf_wrong"})
-        text = " ".join(refused.stdout.split())
-        assert refused.returncode != 0
+        text = _stopped(refused)
         assert re.search(r"node1: the Hub gave no sizes for org/tiny-glm \(\w+Error: [^)]*401[^)]*\), so the download "
                          r"goes ahead without weighing it against the free space, and files an earlier revision had are kept\.",
                          text), text[-3000:]
         assert "/resolve/" not in asked.read_text()
 
         full = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "weights", env={"HF_TOKEN": token})
-        text = " ".join(full.stdout.split())
-        assert full.returncode != 0
+        text = _stopped(full)
         assert re.search(r"node1: the download of org/tiny-glm needs 3\.\d\d MB more in \S+/var/lib/dsaops/models/"
                          r"tiny-glm, whose filesystem has 1\.00 MB free; nothing was downloaded\. Free that much "
                          r"there, or set dsaops_weights_dir to a folder on a larger disk\.", text), text[-3000:]
@@ -556,8 +554,7 @@ def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, t
     assert on_node2(f"mount -t tmpfs -o size=1m tmpfs {models}").returncode == 0
     try:
         full = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "weights")
-        text = " ".join(full.stdout.split())
-        assert full.returncode != 0
+        text = _stopped(full)
         assert re.search(r"node2: the weights need 3\.\d\d MB more in /var/lib/dsaops/models/tiny-glm, whose "
                          r"filesystem has 1\.00 MB free; nothing was copied\. Free that much there, or set "
                          r"dsaops_weights_dir to a folder on a larger disk\.", text), text[-3000:]
