@@ -189,6 +189,11 @@ class Sandbox:
                         run_dir, env=env)
 
 
+def folded(output: str) -> str:
+    """A run's output as one line: Ansible folds a message over lines, at widths that vary."""
+    return " ".join(output.split())
+
+
 def recap(output: str) -> dict[str, dict[str, int]]:
     """ansible-playbook's PLAY RECAP as {host: {ok, changed, unreachable, failed}}."""
     return {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}

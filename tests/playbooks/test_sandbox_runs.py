@@ -22,7 +22,7 @@ import yaml
 
 from dsaops.cli import build_parser
 from dsaops.image import image_name
-from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, free_port_probe, recap, snapshot, write_meminfo
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, folded, free_port_probe, recap, snapshot, write_meminfo
 from tests.support.prerequisites import need
 from tests.support.sglang_definitions import parse_server_args
 
@@ -322,7 +322,7 @@ def test_refusals_stop_before_any_change(sandbox, cluster, tmp_path, case, overr
     before = snapshot(tmp_path / "roots")
     result = sandbox.playbook(write(**overrides), tmp_path / "run")
     assert result.returncode != 0, case
-    assert message in " ".join(result.stdout.split()), result.stdout[-4000:]
+    assert message in folded(result.stdout), result.stdout[-4000:]
     assert all(host["changed"] == 0 for host in recap(result.stdout).values()), recap(result.stdout)
     assert snapshot(tmp_path / "roots") == before
 
@@ -367,7 +367,7 @@ def test_taken_port_stops_before_any_change(sandbox, cluster, tmp_path):
     with sandbox.listening("node1", 30000):
         result = sandbox.playbook(write(), tmp_path / "run")
     assert result.returncode != 0
-    assert "node1: port(s) 30000 already in use by another process" in " ".join(result.stdout.split())
+    assert "node1: port(s) 30000 already in use by another process" in folded(result.stdout)
     assert snapshot(tmp_path / "roots") == before
 
 
@@ -380,7 +380,7 @@ def test_an_inventory_without_the_dsaops_groups_touches_no_host(sandbox, cluster
     before = snapshot(tmp_path / "roots")
     played = sandbox.playbook(inventory, tmp_path / "run-play")
     assert played.returncode == 2, played.stdout[-3000:]
-    assert "no host in group dsaops_cluster (groups found: servers" in " ".join(played.stdout.split())
+    assert "no host in group dsaops_cluster (groups found: servers" in folded(played.stdout)
     assert set(recap(played.stdout)) == {"localhost"}
     deployed = sandbox.run([sys.executable, "-m", "dsaops", "deploy", "-i", str(inventory)], tmp_path / "run-deploy")
     assert deployed.returncode == 2 and "it puts no host in group dsaops_cluster" in deployed.stderr
@@ -491,7 +491,7 @@ def test_gb10_memory_gate_waits_for_memory_then_stops(sandbox, cluster, tmp_path
     finally:
         if reads.is_alive():                       # release a writer still waiting for a reader
             os.close(os.open(roots["node1"] / "proc/meminfo", os.O_RDONLY | os.O_NONBLOCK))
-    text = " ".join(result.stdout.split())
+    text = folded(result.stdout)
     assert result.returncode != 0
     assert re.search(r"dsaops-sglang: MemAvailable 100\.0 GiB is below the 107\.0 GiB the plan assumes free before the "
                      r"weights load; waiting up to 4 s \(a stopped server'+s unified memory can stay held for a while\) "

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from dsaops.image import image_name
-from tests.playbooks.ansible_sandbox import recap
+from tests.playbooks.ansible_sandbox import folded, recap
 from tests.support.dockerd import running
 from tests.support.polling import wait_for
 from tests.support.prerequisites import need
@@ -136,9 +136,9 @@ def _ok(result):
 
 
 def _stopped(result) -> str:
-    """A run that failed, as one line of its output (Ansible folds a message over lines)."""
+    """A run that failed, as one line of its output."""
     assert result.returncode != 0, result.stdout[-6000:]
-    return " ".join(result.stdout.split())
+    return folded(result.stdout)
 
 
 def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cluster, node_engines, dockerd, tmp_path):
@@ -173,7 +173,7 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
 
     checked = sandbox.playbook(inventory, tmp_path / "run-check", "--tags", "image,weights", "--check", env=controller)
     _ok(checked)
-    assert "node2: lacks " + IMAGE in " ".join(checked.stdout.split()) and "would copy" in checked.stdout
+    assert "node2: lacks " + IMAGE in folded(checked.stdout) and "would copy" in checked.stdout
     assert image_id(node_engines["node2"]) == "" and not copy.exists()
 
     first = sandbox.playbook(inventory, tmp_path / "run-1", "--tags", "image,weights", env=controller)
@@ -217,12 +217,12 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     into_node1 = sandbox.ssh("node2", f"{key2} {sandbox.hosts['node1']['address']} 'docker load'")
     assert into_node1.returncode == 255 and "Permission denied" in into_node1.stderr, into_node1
 
-    assert "node2: 4 of 4 file(s) hashed against the manifest." in " ".join(first.stdout.split())
+    assert "node2: 4 of 4 file(s) hashed against the manifest." in folded(first.stdout)
 
     again = sandbox.playbook(inventory, tmp_path / "run-2", "--tags", "image,weights", env=controller)
     assert all(host["changed"] == 0 for host in _ok(again).values()), recap(again.stdout)
     assert "Number of regular files transferred: 0" in log.read_text()        # the second run copies nothing
-    assert "node2: 0 of 4 file(s) hashed against the manifest; the others are unchanged" in " ".join(again.stdout.split())
+    assert "node2: 0 of 4 file(s) hashed against the manifest; the others are unchanged" in folded(again.stdout)
 
     # A bit flip that keeps the size and the time: rsync's quick check misses it, the manifest does not.
     shard = copy / "model-00001-of-00002.safetensors"
@@ -234,7 +234,7 @@ def test_image_and_weights_are_copied_once_and_a_corrupt_shard_again(sandbox, cl
     third = sandbox.playbook(inventory, tmp_path / "run-3", "--tags", "weights", env=controller)
     _ok(third)
     assert "Number of regular files transferred: 0" in log.read_text()
-    said = " ".join(third.stdout.split())
+    said = folded(third.stdout)
     assert "node2: 1 of 4 file(s) hashed against the manifest;" in said      # the write moved its change time
     assert "node2: 1 file(s) differed from the manifest and were copied again: model-00001-of-00002.safetensors" in said
     assert digest(shard) == digest(model / "model-00001-of-00002.safetensors")
@@ -586,7 +586,7 @@ def test_weights_that_do_not_fit_are_refused_before_any_copy(sandbox, cluster, t
         tight = sandbox.playbook(inventory, tmp_path / "run-tight", "--tags", "weights")
         assert tight.returncode != 0
         assert re.search(r"node2: the weights need 1\.00 MB more in /var/lib/dsaops/models/tiny-glm, whose filesystem "
-                         r"has \d+\.\d\d KB free; nothing was copied\.", " ".join(tight.stdout.split())), tight.stdout[-3000:]
+                         r"has \d+\.\d\d KB free; nothing was copied\.", folded(tight.stdout)), tight.stdout[-3000:]
         assert on_node2(f"mount -o remount,size=8m {models}").returncode == 0
         _ok(sandbox.playbook(inventory, tmp_path / "run-changed", "--tags", "weights"))
         assert f"{digest(shard)}  {shard.name}" in on_node2(f"cd {models}/tiny-glm && sha256sum {shard.name}").stdout

@@ -23,7 +23,7 @@ from dsaops.errors import UserError
 from dsaops.image import image_name
 from dsaops.inventory_checks import UIDS, refusal
 from dsaops.launch_args import ClusterSpec, NodeSpec, cluster_args, launch_args
-from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, fake_kernel, recap
+from tests.playbooks.ansible_sandbox import BIN, PLAYBOOKS, REPO, fake_kernel, folded, recap
 from tests.support.sglang_cli import cli_flags
 
 INVENTORIES = sorted((PLAYBOOKS / "inventories").glob("*.yml"))
@@ -203,7 +203,7 @@ def test_the_plan_takes_what_the_extra_arguments_set():
     ipc = print_commands("dgx-spark-2x", "-e", '{"sglang_server_extra_args": ["--mm-feature-transport", "cuda_ipc"]}')
     assert ipc.returncode != 0
     assert ("`dsaops plan` refuses these settings: SGLang refuses this launch at startup: --mm-feature-transport=cuda_ipc "
-            "only supports a single node.") in " ".join(ipc.stderr.split())
+            "only supports a single node.") in folded(ipc.stderr)
 
 
 def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_stop_the_run(tmp_path):
@@ -227,7 +227,7 @@ def test_extra_arguments_the_planner_cannot_take_or_that_differ_between_nodes_st
                 str(PLAYBOOKS / "print-commands.yml"), "-e", f"sglang_server_print_dir={out}",
                 "-e", '{"sglang_server_extra_args": ["--mem-fraction-statc", "0.9"]}')
     assert typo.returncode != 0 and list(out.iterdir()) == [], typo.stdout[-3000:]
-    assert typo_line in " ".join(typo.stdout.split())
+    assert typo_line in folded(typo.stdout)
     path = tmp_path / "mixed.yml"
     path.write_text((PLAYBOOKS / "inventories/dgx-spark-2x.yml").read_text().replace(
         "dsaops_cluster_address: 192.168.100.2", "dsaops_cluster_address: 192.168.100.2\n"
@@ -260,7 +260,7 @@ def test_ep_size_must_divide_tp_size(ep, refused):
 ])
 def test_two_listeners_on_one_port_are_refused_without_hosts(extra, says):
     result = print_commands("h20-8gpu", "-e", extra)
-    assert result.returncode != 0 and says in " ".join(result.stderr.split()), result.stderr[-3000:]
+    assert result.returncode != 0 and says in folded(result.stderr), result.stderr[-3000:]
 
 
 def test_print_commands_needs_a_target():
@@ -336,7 +336,7 @@ def test_ansible_playbook_stops_on_a_missing_inventory(tmp_path, playbook):
     result = _run(str(BIN / "ansible-playbook"), "-i", str(tmp_path / "nosuch.yml"), str(PLAYBOOKS / playbook),
                   "--tags", "preflight")
     assert result.returncode == 2, result.stdout[-3000:]
-    assert "nosuch.yml: no host in group dsaops_cluster (groups found: none" in " ".join(result.stdout.split())
+    assert "nosuch.yml: no host in group dsaops_cluster (groups found: none" in folded(result.stdout)
     assert recap(result.stdout) == {"localhost": {"ok": 0, "changed": 0, "unreachable": 0, "failed": 1}}
 
 
@@ -367,13 +367,13 @@ def test_preflight_maps_compute_capability_to_target(tmp_path):
     detected = _detect(tmp_path, "auto", "12.1, 580.95.05, NVIDIA GB10")
     assert detected.returncode == 0, detected.stdout[-3000:]
     assert "here: target sm_121 (detected), 1 GPU(s), driver 580.95.05, unified memory True" in \
-        " ".join(detected.stdout.split())
+        folded(detected.stdout)
 
 
 def test_preflight_refuses_a_target_the_gpus_contradict(tmp_path):
     refused = _detect(tmp_path, "sm_90", "12.1, 580.95.05, NVIDIA GB10")
     assert refused.returncode != 0
-    assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in " ".join(refused.stdout.split())
+    assert "here has sm_121 GPUs but the inventory says dsaops_target=sm_90" in folded(refused.stdout)
 
 
 @pytest.mark.parametrize("cluster_vars, says", [
@@ -392,7 +392,7 @@ def test_preflight_counts_a_gpu_for_each_rank_the_server_starts(tmp_path, cluste
     as the image's health check counts them); a node with fewer GPUs stops in preflight, not at the server's start."""
     refused = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", **cluster_vars)
     assert refused.returncode != 0
-    assert says in " ".join(refused.stdout.split()), refused.stdout[-3000:]
+    assert says in folded(refused.stdout), refused.stdout[-3000:]
 
 
 def test_preflight_takes_extra_arguments_that_start_a_rank_a_gpu(tmp_path):
@@ -410,7 +410,7 @@ def test_preflight_leaves_the_exporters_port_to_its_own_container(tmp_path):
         held = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", running=("dsaops-exporter",),
                        preflight_ports=list(ports.values()), **ports)
         assert held.returncode != 0
-        assert f"here: port(s) {ports['dsaops_server_port']} already in use" in " ".join(held.stdout.split())
+        assert f"here: port(s) {ports['dsaops_server_port']} already in use" in folded(held.stdout)
         rerun = _detect(tmp_path, "sm_121", "12.1, 580.95.05, NVIDIA GB10", running=("dsaops-exporter",),
                         preflight_ports=[ports["dsaops_exporter_port"]], **ports)
         assert rerun.returncode == 0, rerun.stdout[-3000:]
@@ -429,7 +429,7 @@ def test_the_quick_start_without_a_gpu_says_so_first(tmp_path):
         (fake / tool).chmod(0o755)
     result = _run(str(BIN / "ansible-playbook"), "playbooks/cluster.yml", env={"PATH": f"{fake}{os.pathsep}{ENV['PATH']}"})
     assert result.returncode == 2, result.stdout[-3000:]
-    assert "No GPU found on this-host (nvidia-smi and rocminfo both failed)" in " ".join(result.stdout.split())
+    assert "No GPU found on this-host (nvidia-smi and rocminfo both failed)" in folded(result.stdout)
     # 9 tasks pass before it (value checks, the probe); check-cluster.yml alone would add 9 more, as it once did.
     assert recap(result.stdout)["this-host"]["ok"] <= 12, recap(result.stdout)
 
@@ -454,7 +454,7 @@ def test_a_weights_source_outside_the_cluster_is_refused_without_hosts():
     result = print_commands("dgx-spark-2x", "-e", "dsaops_weights_source_host=spark-3")
     assert result.returncode != 0
     assert ("dsaops_weights_source_host spark-3 is not in dsaops_cluster (spark-1, spark-2); name the node that holds "
-            "or downloads the weights") in " ".join(result.stderr.split())
+            "or downloads the weights") in folded(result.stderr)
     assert print_commands("dgx-spark-2x", "-e", "dsaops_weights_source_host=spark-3", "-e",
                           "dsaops_weights_stage=false").returncode == 0
 
@@ -465,7 +465,7 @@ def test_an_image_source_outside_the_cluster_is_refused_without_hosts():
     result = print_commands("dgx-spark-2x", "-e", "image_source=spark-3")
     assert result.returncode != 0
     assert ("image_source spark-3 is not auto, controller or a node of dsaops_cluster (spark-1, spark-2); name the "
-            "node that holds the image, or leave it auto.") in " ".join(result.stderr.split())
+            "node that holds the image, or leave it auto.") in folded(result.stderr)
     spaced = print_commands("dgx-spark-2x", "-e", '{"image_source": "spark 2"}')
     assert spaced.returncode == 2 and "image_source='spark 2' is refused: it must be a host name" in spaced.stderr
     assert print_commands("dgx-spark-2x", "-e", "image_source=spark-2").returncode == 0
@@ -480,7 +480,7 @@ def test_two_nodes_on_one_cluster_address_are_refused(tmp_path):
     assert result.returncode != 0
     assert ("dsaops_cluster_address must be each node's own address on the cluster link (distinct, not loopback with "
             "more than one node); got {'spark-1': '192.168.100.1', 'spark-2': '192.168.100.1'}") in \
-        " ".join(result.stderr.split())
+        folded(result.stderr)
 
 
 # One hostile value for each template the playbooks render (the variable it would reach), and the
@@ -972,11 +972,11 @@ def test_a_uid_a_host_account_has_stops_the_role_before_anything_is_written(tmp_
                               monitoring_exporter_uid=user.pw_uid)
     assert (f"here: monitoring_exporter_uid={user.pw_uid} is user {user.pw_name}'s uid on this host, which could read "
             "that container's files; set monitoring_exporter_uid to a number no user or group here has") in \
-        " ".join(refused.stdout.split())
+        folded(refused.stdout)
     refused = role_here(tmp_path / "mon", "monitoring", tasks_from="stack", fails=True, monitoring_start="no",
                         monitoring_prometheus_uid=group.gr_gid, **STACK)
     assert (f"here: monitoring_prometheus_uid={group.gr_gid} is group {group.gr_name}'s gid on this host"
-            in " ".join(refused.stdout.split()))
+            in folded(refused.stdout))
     assert not (tmp_path / "node/root").exists() and not (tmp_path / "mon/root").exists()
 
     monitoring_role(tmp_path / "free", monitoring_exporter_kmsg=False, monitoring_exporter_uid=free)
