@@ -334,6 +334,20 @@ def containerd_engines(tmp_path_factory):
             "DOCKER_HOST"] for name in ("node1", "node2")}
 
 
+def test_the_containerd_engines_packages_are_taken_under_debians_signature():
+    """Their index is taken by the sha256 in Debian 13's InRelease, whose signature gpgv checks: an InRelease
+    changed by one byte is refused."""
+    from tests.support.containerd_docker import MIRROR, fetch, release
+
+    try:
+        signed = fetch(f"{MIRROR}/dists/trixie/InRelease")
+    except OSError as e:
+        need(False, f"Debian 13's InRelease from {MIRROR} ({e})")
+    assert "\nCodename: trixie\n" in release(signed)
+    with pytest.raises(OSError, match="InRelease is not signed by a key of /usr/share/keyrings/"):
+        release(signed.replace(b"\nCodename: trixie\n", b"\nCodename: trixiE\n", 1))
+
+
 def test_an_image_goes_between_engines_that_keep_images_alike_and_stops_across_stores(sandbox, cluster, node_engines,
                                                                                       containerd_engines, dockerd,
                                                                                       tmp_path):
