@@ -35,3 +35,24 @@ def test_layers_that_change_nothing_never_make_the_held_part_look_larger():
     layers = LAYERS + ["sha256:empty"]
     assert load_needs(SIZE, layers, HISTORY, [layers[:2]]) == SIZE + 12 * MIB
     assert load_needs(SIZE, layers, HISTORY, [layers[:3]]) == SIZE + 2 * MIB
+
+
+# A containerd store: .Size is the layers' blobs as they came (here gzipped), `docker history` their unpacked sizes.
+BLOBS = 9 * MIB
+
+
+def test_into_containerd_every_blob_counts_and_the_layers_the_node_lacks_unpacked():
+    assert load_needs(BLOBS, LAYERS, HISTORY, [], containerd=True) == BLOBS + SIZE
+    assert load_needs(BLOBS, LAYERS, HISTORY, [LAYERS[:1]], containerd=True) == BLOBS + 12 * MIB
+    assert load_needs(BLOBS, LAYERS, HISTORY, [LAYERS[:2], ["sha256:other"]], containerd=True) == BLOBS + 2 * MIB
+    assert load_needs(BLOBS, LAYERS, HISTORY, [LAYERS], containerd=True) == BLOBS
+    # twice the blobs, what Docker's own store counts, would be 18 MiB where the load writes 51
+    assert load_needs(BLOBS, LAYERS, HISTORY, [], containerd=False) == 2 * BLOBS
+
+
+def test_into_containerd_the_history_never_understates_what_is_lacking():
+    layers = LAYERS + ["sha256:empty"]
+    assert load_needs(BLOBS, layers, HISTORY, [layers[:2]], containerd=True) == BLOBS + 12 * MIB
+    assert load_needs(BLOBS, LAYERS, [MIB] * 4, [LAYERS[:2]], containerd=True) == BLOBS + 4 * MIB
+    # no history sizes no layer: twice .Size, as for Docker's own store
+    assert load_needs(BLOBS, LAYERS, [], [LAYERS[:2]], containerd=True) == 2 * BLOBS

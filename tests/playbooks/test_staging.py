@@ -5,6 +5,7 @@ copies over the sandbox's cluster link with the keys the transfer role sets up.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import io
 import json
@@ -45,10 +46,11 @@ def engine_arch(host: str) -> str:
     return docker(host, "version", "--format", "{{.Server.Arch}}").stdout.decode().strip()
 
 
-def make_image(host: str, *layers: bytes, arch: str | None = None) -> str:
+def make_image(host: str, *layers: bytes, arch: str | None = None, gzipped: bool = False) -> str:
     """An image of one file per layer under the serving image's name (what `make image` would have tagged), built for
     `arch` (default: the engine's own), with a history entry per layer as a build writes them, loaded as `docker save`
-    writes it (Debian's `docker import` ignores --platform)."""
+    writes it (Debian's `docker import` ignores --platform); `gzipped`: each layer gzipped, as a containerd store keeps
+    the layers of an image built or pulled into it."""
     def tar(files: dict[str, bytes]) -> bytes:
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w") as archive:
@@ -62,7 +64,7 @@ def make_image(host: str, *layers: bytes, arch: str | None = None) -> str:
     config = {"architecture": arch or engine_arch(host), "os": "linux", "config": {},
               "history": [{"created_by": f"layer {i}"} for i in range(len(tars))],
               "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in tars]}}
-    files = {f"layer-{i}.tar": t for i, t in enumerate(tars)}
+    files = {f"layer-{i}.tar": gzip.compress(t, 1, mtime=0) if gzipped else t for i, t in enumerate(tars)}
     manifest = [{"Config": "config.json", "RepoTags": [IMAGE], "Layers": list(files)}]
     docker(host, "load", stdin=tar({**files, "config.json": json.dumps(config).encode(),
                                     "manifest.json": json.dumps(manifest).encode()}))
@@ -417,36 +419,46 @@ def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, c
 
 def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, cluster, containerd_engines, tmp_path):
     """node2's Docker keeps its images in the system's containerd (as Docker's packages set it up), whose root
-    /etc/containerd/config.toml puts on a 128 MiB filesystem; Docker's data root is elsewhere, with room. node2 holds an
-    older build (the same 16 MiB base layer). `docker history` of an image in containerd gives each layer's disk
-    usage, which does not add up to the image's size, so the base counts as lacking and node1's 32 MiB build is
-    counted at 64 MiB: twice its size, what a load into containerd takes with nothing held (with the base held it
-    takes less: the count is cautious there). With 40 MiB free under containerd's root it is refused naming that root
-    and containerd's config (weighing Docker's data root instead, with room, the run copies); with 72 MiB node2 gets it."""
+    /etc/containerd/config.toml puts on a 160 MiB filesystem; Docker's data root is elsewhere, with room. node2 holds an
+    older build (the same 16 MiB base layer). node1's build tops it with 64 MiB of zeros, both layers gzipped: 16 MiB of
+    blobs (its .Size), 80 MiB unpacked. A load writes every blob, then the top unpacked: counted 80 MiB. With 40 MiB
+    free under containerd's root (more than twice .Size) docker load itself fails, and the run stops naming that root
+    and containerd's config (weighing Docker's data root instead, with room, it would copy); with 88 MiB node2 gets
+    it (the base counted lacking, 96 MiB, would refuse it)."""
     write, roots = cluster
     source = containerd_engines["node1"]
     forget_image(source)
     base = os.urandom(16 << 20)
-    built = make_image(source, base, os.urandom(16 << 20))
-    with small_disk(sandbox, "node2", 128) as disk, \
+    built = make_image(source, base, bytes(64 << 20), gzipped=True)
+    with small_disk(sandbox, "node2", 160) as disk, \
             running(Path(tempfile.mkdtemp(prefix="dsaops-c8d-")), containerd_store=True,
                     containerd_root=disk / "containerd") as engine:
-        older = make_image(engine["DOCKER_HOST"], base, b"an older build\n")
+        older = make_image(engine["DOCKER_HOST"], base, b"an older build\n", gzipped=True)
         config = roots["node2"] / "etc/containerd/config.toml"
         config.parent.mkdir(parents=True)
         config.write_text(f'version = 2\nroot = "{disk}/containerd"\n')
         inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
                           node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": engine["DOCKER_HOST"]})
         leave_free(disk, 40)
+        # docker load itself fails there, and still takes the tag from the older build for the new one, unpacked
+        # only in part: node2 gets its older build back
+        loaded = docker(engine["DOCKER_HOST"], "load", stdin=docker(source, "save", IMAGE).stdout, check=False)
+        assert loaded.returncode != 0 and b"no space left on device" in loaded.stderr
+        assert image_id(engine["DOCKER_HOST"]) == built
+        docker(engine["DOCKER_HOST"], "image", "rm", IMAGE)
+        assert make_image(engine["DOCKER_HOST"], base, b"an older build\n", gzipped=True) == older
+        leave_free(disk, 40)
+
         refused = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "image")
         text = _stopped(refused)
-        assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 64\.\d\d MB under containerd's root "
-                         rf"{disk}/containerd, where Docker keeps its images \(its whole archive, then the layers the node "
-                         r"lacks\), whose filesystem has (39|40)\.\d\d MB free; nothing was copied", text), text[-3000:]
+        assert re.search(rf"node2: loading {re.escape(IMAGE)} \({built[:19]}\) needs 80\.\d\d MB under containerd's root "
+                         rf"{disk}/containerd, where Docker keeps its images \(every layer as the archive carries it, "
+                         r"then those the node lacks unpacked\), whose filesystem has (39|40)\.\d\d MB free; nothing "
+                         r"was copied", text), text[-3000:]
         assert "move containerd's root (`root` in /etc/containerd/config.toml)" in text
         assert image_id(engine["DOCKER_HOST"]) == older
 
-        leave_free(disk, 72)
+        leave_free(disk, 88)
         copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image")
         assert _ok(copied)["node2"]["changed"] > 0
         assert image_id(engine["DOCKER_HOST"]) == built

@@ -19,10 +19,10 @@ Every role depends on the dsaops role, so Ansible loads these wherever the roles
       parallelism and the extra arguments (dsaops.node_ranks), "error": null}, or {"ranks": null, "error": why}
   dsaops_target | dsaops_image(registry=)
       [REGISTRY/]dsaops/sglang:<SGLang pin>-<target>, the tag `make image` gives (dsaops.image)
-  image | dsaops_image_load_needs(history=, held=)
+  image | dsaops_image_load_needs(history=, held=, containerd=)
       the bytes `docker load` of the image (`docker image inspect`'s object; `history`: its `docker history`
-      sizes) writes at its peak under the data root of an engine whose images have the layer lists `held`
-      (dsaops.image_load)
+      sizes) writes at its peak under the data root of an engine whose images have the layer lists `held`;
+      `containerd`: both engines keep their images in containerd (dsaops.image_load)
   settings | dsaops_exporter_containers
       [{name, args}] of the node's Docker proxy and exporter containers (dsaops.healthchecks.deploy)
   settings | dsaops_exporter_users
@@ -151,9 +151,10 @@ def image(target, *, registry=""):
     return image_name(str(target), registry=str(registry or ""))
 
 
-def image_load_needs(image, *, history, held):
+def image_load_needs(image, *, history, held, containerd):
     return image_load.load_needs(int(image["Size"]), [str(layer) for layer in image["RootFS"].get("Layers") or []],
-                                 [int(size) for size in history], [[str(layer) for layer in layers or []] for layers in held])
+                                 [int(size) for size in history], [[str(layer) for layer in layers or []] for layers in held],
+                                 containerd=bool(containerd))
 
 
 def _exporter(settings):
