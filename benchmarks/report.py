@@ -355,8 +355,9 @@ def products_ceiling(r: dict) -> list[str]:
             "matmul rate those products alone cap the share of the roofline at "
             + _and([f"{ceiling[H]:.0f}% at H = {H}" for H in sorted(ceiling)]) + ".")
     for H, shares in sorted(rate.items()):
+        lo, hi = f"{min(shares):.0f}", f"{max(shares):.0f}"
         text += (f" At H = {H}, S ≥ 64, where the FLOPs bound the roofline, the calls ran the products at "
-                 f"{min(shares):.0f}–{max(shares):.0f}% of that rate, prologue and store included.")
+                 f"{lo if lo == hi else lo + '–' + hi}% of that rate, prologue and store included.")
     return [text, ""]
 
 

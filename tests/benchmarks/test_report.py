@@ -1,6 +1,7 @@
 """BENCHMARKS.md is what benchmarks/report.py makes of benchmarks/*.json, and it follows the JSON."""
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -269,6 +270,7 @@ def test_the_products_ceiling_follows_the_runs_rates(bench, tmp_path):
     text = out.read_text()
     assert f"cap the share of the roofline at {h64:.0f}% at H = 64 and 50% at H = 128." in text
     assert "At H = 128, S ≥ 64, where the FLOPs bound the roofline, the calls ran the products at" in text
+    assert not re.search(r"products at (\d+)–\1% of that rate", text)    # one share, not a range of one
     edit(bench / "h200-decode.json", lambda d: d.update(fp8_mm_tflops=2 * d["fp8_mm_tflops"]))
     assert render(bench, out).returncode == 0
     text = out.read_text()
