@@ -32,32 +32,35 @@ def _held_layers(layers: Sequence[str], held: Iterable[Sequence[str]]) -> int:
     return longest
 
 
-def _size_of_lowest(size: int, layers: Sequence[str], history: Sequence[int], count: int) -> int:
-    """The size of the image's `count` lowest layers, or less where `docker history` cannot tell.
+def _layer_sizes(layers: Sequence[str], history: Sequence[int]) -> list[int] | None:
+    """Each layer's size, lowest first, from `docker history`'s sizes (newest first: one per layer and a 0 for each
+    step that made none, ENV or LABEL); None where it lists more sizes than the image has layers. A layer that
+    changes nothing lists 0 too, so the zeros are taken to be the lowest layers: that never overstates what the
+    lowest layers hold, nor understates what the layers above them hold."""
+    sizes = [s for s in reversed(history) if s]
+    if len(sizes) > len(layers):
+        return None
+    return [0] * (len(layers) - len(sizes)) + sizes
 
-    `history` is `docker history`'s sizes, newest first: one per layer and a 0 for each step that made none
-    (ENV, LABEL). A layer that changes nothing lists 0 too, so those are taken to be the lowest ones, which never
-    overstates what is held. A history that does not add up to the image's size (none at all, for an image made
-    without one) sizes nothing: every layer counts as lacking unless the engine holds them all."""
+
+def _size_of_lowest(size: int, layers: Sequence[str], history: Sequence[int], count: int) -> int:
+    """The size of the image's `count` lowest layers, or less where `docker history` cannot tell: a history that does
+    not add up to the image's size (none at all, for an image made without one) sizes nothing, so every layer counts
+    as lacking unless the engine holds them all."""
     if count == len(layers):
         return size
-    sizes = [s for s in reversed(history) if s]
-    if len(sizes) > len(layers) or sum(sizes) != size:
-        return 0
-    return sum(sizes[:max(0, count - (len(layers) - len(sizes)))])
+    sizes = _layer_sizes(layers, history)
+    return sum(sizes[:count]) if sizes is not None and sum(sizes) == size else 0
 
 
 def _unpacked_above(layers: Sequence[str], history: Sequence[int], count: int) -> int | None:
     """The unpacked size of the image's layers above its `count` lowest, from a containerd store's `docker history`
-    (newest first, 0 for a step that made no layer). The zeros are taken to be the lowest layers, as in
-    _size_of_lowest, so it is never understated; a history of more sizes than the image has layers counts them all.
-    None where the history sizes no layer."""
-    sizes = [s for s in reversed(history) if s]
-    if not sizes and layers:
+    (its sizes are the layers' unpacked sizes): every size where it lists more than the image has layers; None where
+    it sizes no layer."""
+    if layers and not any(history):
         return None
-    if len(sizes) > len(layers):
-        return sum(sizes)
-    return sum(sizes[max(0, count - (len(layers) - len(sizes))):])
+    sizes = _layer_sizes(layers, history)
+    return sum(history) if sizes is None else sum(sizes[count:])
 
 
 def load_needs(size: int, layers: Sequence[str], history: Sequence[int], held: Iterable[Sequence[str]],

@@ -154,7 +154,7 @@ def image(target, *, registry=""):
 def image_load_needs(image, *, history, held, containerd):
     return image_load.load_needs(int(image["Size"]), [str(layer) for layer in image["RootFS"].get("Layers") or []],
                                  [int(size) for size in history], [[str(layer) for layer in layers or []] for layers in held],
-                                 containerd=bool(containerd))
+                                 containerd=containerd)
 
 
 def _exporter(settings):
