@@ -53,9 +53,10 @@ def _index(arch: str) -> str:
     """Debian 13's Packages index for `arch`, checked against the signed Release file's sha256."""
     name = f"main/binary-{arch}/Packages.xz"
     listed = release(fetch(f"{MIRROR}/dists/trixie/InRelease")).partition("\nSHA256:\n")[2]
-    sha256 = {f[2]: f[0] for line in listed.splitlines() if line.startswith(" ") and len(f := line.split()) == 3}
+    sums = {fields[2]: fields[0] for line in listed.splitlines()   # " <sha256> <size> <path>" a file
+            if line.startswith(" ") and len(fields := line.split()) == 3}
     index = fetch(f"{MIRROR}/dists/trixie/{name}")
-    if hashlib.sha256(index).hexdigest() != sha256.get(name):
+    if hashlib.sha256(index).hexdigest() != sums.get(name):
         raise OSError(f"{name} does not match Debian 13's signed Release file")
     return lzma.decompress(index).decode()
 
