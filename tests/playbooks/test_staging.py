@@ -433,6 +433,27 @@ def test_an_image_that_does_not_fit_a_node_is_refused_before_any_copy(sandbox, c
         assert image_id(node_engines["node1"]) == image_id(engine) == built
 
 
+@contextlib.contextmanager
+def containerd_node2(sandbox, cluster, source: str, mib: int, base: bytes, top: bytes | dict[str, bytes]):
+    """node2's Docker keeping its images in the system's containerd (as Docker's packages set it up), whose root
+    /etc/containerd/config.toml puts on a `mib` MiB filesystem (small_disk), holding an older build on `base`; node1's
+    engine (`source`) builds `base` topped by `top`, both gzipped, and is the copies' source. Yields node2's
+    DOCKER_HOST, the mount point, the inventory, the build's ID and the older build's."""
+    write, roots = cluster
+    forget_image(source)
+    built = make_image(source, base, top, gzipped=True)
+    with small_disk(sandbox, "node2", mib) as disk, \
+            running(Path(tempfile.mkdtemp(prefix="dsaops-c8d-")), containerd_store=True,
+                    containerd_root=disk / "containerd") as engine:
+        host = engine["DOCKER_HOST"]
+        older = make_image(host, base, b"an older build\n", gzipped=True)
+        config = roots["node2"] / "etc/containerd/config.toml"
+        config.parent.mkdir(parents=True)
+        config.write_text(f'version = 2\nroot = "{disk}/containerd"\n')
+        yield host, disk, write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
+                                node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": host}), built, older
+
+
 def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, cluster, containerd_engines, tmp_path):
     """node2's Docker keeps its images in the system's containerd (as Docker's packages set it up), whose root
     /etc/containerd/config.toml puts on a 160 MiB filesystem; Docker's data root is elsewhere, with room. node2 holds an
@@ -441,32 +462,21 @@ def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, c
     free under containerd's root (more than twice .Size) docker load itself fails, and the run stops naming that root
     and containerd's config (weighing Docker's data root instead, with room, it would copy); with 88 MiB node2 gets
     it (the base counted lacking, 96 MiB, would refuse it)."""
-    write, roots = cluster
     source = containerd_engines["node1"]
-    forget_image(source)
     base = os.urandom(16 << 20)
-    built = make_image(source, base, bytes(64 << 20), gzipped=True)
-    with small_disk(sandbox, "node2", 160) as disk, \
-            running(Path(tempfile.mkdtemp(prefix="dsaops-c8d-")), containerd_store=True,
-                    containerd_root=disk / "containerd") as engine:
-        older = make_image(engine["DOCKER_HOST"], base, b"an older build\n", gzipped=True)
-        config = roots["node2"] / "etc/containerd/config.toml"
-        config.parent.mkdir(parents=True)
-        config.write_text(f'version = 2\nroot = "{disk}/containerd"\n')
-        inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
-                          node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": engine["DOCKER_HOST"]})
+    with containerd_node2(sandbox, cluster, source, 160, base, bytes(64 << 20)) as (host, disk, inventory, built, older):
         leave_free(disk, 40)
         # docker load itself fails there, and still moves the tag to the new image, unpacked only in part, and
         # deletes the older build: node2 gets it back only by building it again. It fails for want of room, or
         # sooner: the deletion lets containerd's collector take the base both builds share before the top is
         # unpacked on it (the race the role closes by holding the older build under a second name)
-        loaded = docker(engine["DOCKER_HOST"], "load", stdin=docker(source, "save", IMAGE).stdout, check=False)
+        loaded = docker(host, "load", stdin=docker(source, "save", IMAGE).stdout, check=False)
         assert loaded.returncode != 0 and re.search(rb"no space left on device|parent snapshot \S+ does not exist",
                                                     loaded.stderr), loaded.stderr
-        assert image_id(engine["DOCKER_HOST"]) == built
-        assert docker(engine["DOCKER_HOST"], "image", "inspect", older, check=False).returncode != 0
-        docker(engine["DOCKER_HOST"], "image", "rm", IMAGE)
-        assert make_image(engine["DOCKER_HOST"], base, b"an older build\n", gzipped=True) == older
+        assert image_id(host) == built
+        assert docker(host, "image", "inspect", older, check=False).returncode != 0
+        docker(host, "image", "rm", IMAGE)
+        assert make_image(host, base, b"an older build\n", gzipped=True) == older
         leave_free(disk, 40)
 
         refused = sandbox.playbook(inventory, tmp_path / "run-full", "--tags", "image")
@@ -476,14 +486,14 @@ def test_an_image_that_does_not_fit_containerds_root_is_refused_there(sandbox, c
                          r"then those the node lacks unpacked\), whose filesystem has (39|40)\.\d\d MB free; nothing "
                          r"was copied", text), text[-3000:]
         assert "move containerd's root (`root` in /etc/containerd/config.toml)" in text
-        assert image_id(engine["DOCKER_HOST"]) == older
+        assert image_id(host) == older
 
         leave_free(disk, 88)
         copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image")
         assert _ok(copied)["node2"]["changed"] > 0
-        assert image_id(engine["DOCKER_HOST"]) == built
-        assert docker(engine["DOCKER_HOST"], "image", "inspect", older, check=False).returncode != 0
-        assert held_names(engine["DOCKER_HOST"]) == []
+        assert image_id(host) == built
+        assert docker(host, "image", "inspect", older, check=False).returncode != 0
+        assert held_names(host) == []
 
 
 def test_a_load_into_containerd_that_fails_leaves_the_nodes_build_under_the_name(sandbox, cluster, containerd_engines,
@@ -493,33 +503,22 @@ def test_a_load_into_containerd_that_fails_leaves_the_nodes_build_under_the_name
     load fails unpacking the top, after it has moved the name (the test above shows it). The run stops naming the node
     and docker's error, and the node keeps its build under the name; with inodes to spare the copy goes through and
     the second name is gone."""
-    write, roots = cluster
-    source = containerd_engines["node1"]
-    forget_image(source)
-    base = os.urandom(1 << 20)
-    built = make_image(source, base, {f"etc/dsaops-many/{i}": b"" for i in range(400)}, gzipped=True)
-    with small_disk(sandbox, "node2", 64) as disk, \
-            running(Path(tempfile.mkdtemp(prefix="dsaops-c8d-")), containerd_store=True,
-                    containerd_root=disk / "containerd") as engine:
-        older = make_image(engine["DOCKER_HOST"], base, b"an older build\n", gzipped=True)
-        config = roots["node2"] / "etc/containerd/config.toml"
-        config.parent.mkdir(parents=True)
-        config.write_text(f'version = 2\nroot = "{disk}/containerd"\n')
-        inventory = write(cluster_vars={"dsaops_stage": True, "image_source": "node1"},
-                          node1={"dsaops_docker_host": source}, node2={"dsaops_docker_host": engine["DOCKER_HOST"]})
+    many = {f"etc/dsaops-many/{i}": b"" for i in range(400)}
+    with containerd_node2(sandbox, cluster, containerd_engines["node1"], 64, os.urandom(1 << 20), many) as (
+            host, disk, inventory, built, older):
         leave_inodes(disk, 100)
         failed = sandbox.playbook(inventory, tmp_path / "run-inodes", "--tags", "image")
         text = _stopped(failed)
         assert re.search(rf"node2: copying {re.escape(IMAGE)} \({built[:19]}\) from node1 failed \([^)]*no space left on "
                          rf"device[^)]*\); the node keeps its build {older[:19]} under that name", text), text[-3000:]
-        assert image_id(engine["DOCKER_HOST"]) == older
-        assert held_names(engine["DOCKER_HOST"]) == []
+        assert image_id(host) == older
+        assert held_names(host) == []
 
         shutil.rmtree(disk / "inode-ballast")
         copied = sandbox.playbook(inventory, tmp_path / "run-room", "--tags", "image")
         assert _ok(copied)["node2"]["changed"] > 0
-        assert image_id(engine["DOCKER_HOST"]) == built
-        assert held_names(engine["DOCKER_HOST"]) == []
+        assert image_id(host) == built
+        assert held_names(host) == []
 
 
 def test_weights_to_download_without_a_downloader_stop_with_the_ways_out(sandbox, cluster, tmp_path):
