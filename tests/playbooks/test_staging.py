@@ -53,10 +53,9 @@ def engine_arch(host: str) -> str:
 
 def make_image(host: str, *layers: bytes | dict[str, bytes], arch: str | None = None, gzipped: bool = False) -> str:
     """An image of one file per layer (or the files a dict names) under the serving image's name (what `make image`
-    would have tagged), built for
-    `arch` (default: the engine's own), with a history entry per layer as a build writes them, loaded as `docker save`
-    writes it (Debian's `docker import` ignores --platform); `gzipped`: each layer gzipped, as a containerd store keeps
-    the layers of an image built or pulled into it."""
+    would have tagged), built for `arch` (default: the engine's own), with a history entry per layer as a build writes
+    them, loaded as `docker save` writes it (Debian's `docker import` ignores --platform); `gzipped`: each layer
+    gzipped, as a containerd store keeps the layers of an image built or pulled into it."""
     def tar(files: dict[str, bytes]) -> bytes:
         data = io.BytesIO()
         with tarfile.open(fileobj=data, mode="w") as archive:
