@@ -51,3 +51,13 @@ def test_each_failed_item_of_a_looped_command_says_why(tmp_path):
 ])
 def test_a_failure_with_nothing_more_to_say_keeps_its_message(tmp_path, task, line):
     assert failure_lines(tmp_path, task) == [line]
+
+
+def test_a_rescued_command_keeps_its_line_before_the_rescue_s_own(tmp_path):
+    # the image role's copy: `docker load` fails inside a block whose rescue stops with a message of its own
+    block = {"name": "Copy", "block": [{"name": "Load", "ansible.builtin.command": {
+        "argv": ["sh", "-c", "echo 'no space left on device' >&2; exit 1"]}}],
+        "rescue": [{"name": "Stop", "ansible.builtin.fail": {"msg": "node1 keeps its build"}}]}
+    assert failure_lines(tmp_path, block) == [
+        "localhost: Load: non-zero return code (exit 1): no space left on device",
+        "localhost: Stop: node1 keeps its build"]
